@@ -1,0 +1,107 @@
+"""DUDA training-step and greedy-decoding throughput at the papers' shapes (features 1024×14×14).
+
+Prints ours next to the official formulation measured in the same run: the official code concatenates
+two coordinate channels, runs the 1×1 conv over [X; X_diff] for every image of every pair, and calls the
+model separately for the changed and the distractor pair. ``OfficialStyle`` below re-expresses exactly
+that computation with the same parameters (it is not the official code, which needs Python 3.5/torch 1.1).
+The anchor of performance-anchors.md (official DUDA, batch 32, this machine kind): 1.97 s/step,
+16.3 pairs/s, greedy decoding of 32 pairs 0.60 s.
+
+    python benchmarks/bench_train.py [--batch 32] [--steps 5] [--threads 2]
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from pipeline.models.common import sequence_ce
+from pipeline.models.duda import DUDA
+from pipeline.text import END, START
+
+
+def official_style_loss(m: DUDA, batch):
+    det = m.detector
+
+    def detect(bef, aft):
+        b, _, h, w = bef.shape
+        ys = torch.linspace(-1, 1, h).view(1, 1, h, 1).expand(b, 1, h, w)
+        xs = torch.linspace(-1, 1, w).view(1, 1, 1, w).expand(b, 1, h, w)
+        bef, aft = torch.cat([bef, ys, xs], 1), torch.cat([aft, ys, xs], 1)
+        diff = aft - bef
+
+        def att(x):
+            e = det.embed_rest(F.conv2d(torch.cat([x, diff], 1), det.embed_conv.weight, det.embed_conv.bias))
+            return torch.sigmoid(det.att(e))
+
+        a_b, a_a = att(bef), att(aft)
+        l_b, l_a = (a_b * bef).sum((2, 3)), (a_a * aft).sum((2, 3))
+        return l_b, l_a, l_a - l_b, a_b, a_a
+
+    losses = []
+    for aft, labels in ((batch["sc"], batch["pos_labels"]), (batch["nsc"], batch["neg_labels"])):
+        l_b, l_a, l_d, a_b, a_a = detect(batch["before"], aft)
+        logits, _ = m.speaker(l_b, l_d, l_a, labels)
+        losses.append(sequence_ce(logits, labels[:, 1:]))
+        if aft is batch["sc"]:
+            l1 = (a_b.sum((1, 2, 3)) + a_a.sum((1, 2, 3))).mean()
+    return 0.5 * losses[0] + 0.5 * losses[1] + m.l1_weight * l1
+
+
+def make_batch(b, vocab=76, length=24):
+    g = torch.Generator().manual_seed(0)
+    lab = torch.randint(4, vocab, (2, b, length), generator=g)
+    lab[:, :, 0] = START
+    lab[:, :, 16] = END
+    lab[:, :, 17:] = 0
+    return {"before": torch.randn(b, 1024, 14, 14, generator=g), "sc": torch.randn(b, 1024, 14, 14, generator=g),
+            "nsc": torch.randn(b, 1024, 14, 14, generator=g), "pos_labels": lab[0], "neg_labels": lab[1],
+            "type": torch.zeros(b, dtype=torch.long)}
+
+
+def time_steps(fn, model, batch, steps):
+    opt = torch.optim.Adam(model.parameters(), 1e-3)
+    times = []
+    for i in range(steps + 1):
+        t = time.perf_counter()
+        loss = fn(model, batch)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if i:  # first step is warm-up
+            times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=0)
+    a = ap.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    model = DUDA(vocab_size=76)
+    batch = make_batch(a.batch)
+    ours = time_steps(lambda m, b: m.training_loss(b)[0], model, batch, a.steps)
+    ref = time_steps(official_style_loss, model, batch, a.steps)
+    print(f"DUDA train step, batch {a.batch}, torch threads {torch.get_num_threads()}")
+    print(f"  official formulation : {ref:.3f} s/step  {a.batch / ref:6.1f} pairs/s")
+    print(f"  ours                 : {ours:.3f} s/step  {a.batch / ours:6.1f} pairs/s   speed-up x{ref / ours:.2f}")
+    print("  anchor (official code, performance-anchors.md): 1.97 s/step, 16.3 pairs/s")
+    model.eval()
+    t = time.perf_counter()
+    model.generate(batch["before"], batch["sc"], 24)
+    dt = time.perf_counter() - t
+    print(f"greedy decoding of {a.batch} pairs: {dt:.3f} s (anchor 0.60 s for 32 pairs)")
+    if a.batch:
+        import resource
+
+        print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6:.2f} GB")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""Command line: ``python -m pipeline <stage> [options]``.
+
+Each stage is a module exposing ``add_arguments(parser)`` and ``run(args)``; modules are imported only
+when their stage is asked for, so ``--help`` stays fast and a stage's heavy imports stay local.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from pipeline.errors import PipelineError
+
+# stage name -> (module, one-line help)
+STAGES: dict[str, tuple[str, str]] = {
+    "synth-clevr-change": ("pipeline.synth.clevr_change", "render the synthetic CLEVR-Change world in the official layout"),
+    "fetch": ("pipeline.datasets.fetch", "download (or verify a hand-placed copy of) an official dataset release"),
+    "manifest": ("pipeline.datasets.manifest", "parse a dataset's on-disk layout into the normalised manifest"),
+    "extract-features": ("pipeline.features.extract", "extract backbone features of every image to HDF5"),
+    "text": ("pipeline.text", "tokenise captions, build the vocabulary, encode labels"),
+    "train": ("pipeline.train", "train a captioning method, selecting the checkpoint on validation"),
+    "decode": ("pipeline.decode", "greedy-decode a split with a trained checkpoint"),
+    "baseline": ("pipeline.baselines", "sanity baselines: most frequent caption, nearest-neighbour retrieval"),
+    "evaluate": ("pipeline.evaluate", "score predictions (BLEU, METEOR, ROUGE-L, CIDEr-D, SPICE) overall and by type"),
+    "table": ("pipeline.tables", "write a paper table (CSV + Markdown) from run metrics and paper numbers"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m pipeline", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="stage", metavar="stage")
+    for name, (_, help_) in STAGES.items():
+        sub.add_parser(name, help=help_, add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in STAGES:
+        build_parser().print_help()
+        if argv and argv[0] not in ("-h", "--help"):
+            print(f"\nerror: unknown stage {argv[0]!r}", file=sys.stderr)
+            return 2
+        return 0
+    name = argv[0]
+    module = importlib.import_module(STAGES[name][0])
+    parser = argparse.ArgumentParser(prog=f"python -m pipeline {name}", description=STAGES[name][1])
+    module.add_arguments(parser)
+    args = parser.parse_args(argv[1:])
+    try:
+        module.run(args)
+    except PipelineError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""Stage ``manifest``: a dataset's on-disk layout → ``results/<dataset>/manifest.jsonl``."""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+from pipeline.utils.io import read_jsonl, write_jsonl
+
+PARSERS = {"clevr_change": "pipeline.datasets.clevr_change"}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dataset", required=True, choices=sorted(PARSERS))
+    p.add_argument("--raw-dir", required=True, help="the dataset's data/ folder (official layout)")
+    p.add_argument("--source", required=True, choices=["official", "synthetic"])
+    p.add_argument("--out", required=True)
+
+
+def load(path: str | Path, split: str | None = None) -> list[dict]:
+    records = read_jsonl(path)
+    if split is not None:
+        records = [r for r in records if r["split"] == split]
+        if not records:
+            raise PipelineError(f"{path}: no pairs in split {split!r}")
+    return records
+
+
+def run(args: argparse.Namespace) -> None:
+    import importlib
+
+    parser = importlib.import_module(PARSERS[args.dataset])
+    raw = Path(args.raw_dir)
+    seed = None
+    if args.source == "synthetic":
+        prov = raw.parent / "SYNTHETIC.json"
+        if not prov.is_file():
+            raise PipelineError(f"{raw}: source 'synthetic' but no provenance file {prov}")
+        seed = json.loads(prov.read_text())["seed"]
+    records = parser.parse(raw, source=args.source, generator_seed=seed)
+    write_jsonl(args.out, records)
+    counts = collections.Counter((r["split"], r["change_type"]) for r in records)
+    splits = collections.Counter(r["split"] for r in records)
+    print(f"manifest: {len(records)} pairs -> {args.out}; " + ", ".join(f"{s} {n}" for s, n in sorted(splits.items())))
+    print("by split and type: " + json.dumps({f"{s}/{t}": n for (s, t), n in sorted(counts.items())}))

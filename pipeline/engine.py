@@ -1,0 +1,134 @@
+"""The training engine: optimisation steps, periodic validation, checkpoint selection, resumption.
+
+No file formats here beyond the checkpoint: data comes from a ``batch(step)`` callable and validation
+from a ``validate(model) -> (score, extra)`` callable, so every method trains through the same loop.
+
+Resumption: every ``val_every`` steps the full state (model, optimiser, scheduler, RNG, step, best
+score, history) is saved to ``resume.pt``; a restarted run with the same configuration continues from it
+and ends with exactly the weights and selection an uninterrupted run would have (batches are a pure
+function of the step, see ``pipeline.data``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+from tqdm import tqdm
+
+from pipeline.utils.io import atomic_path
+
+
+@dataclass
+class TrainConfig:
+    iterations: int
+    lr: float
+    batch_size: int
+    val_every: int
+    weight_decay: float = 0.0
+    lr_step_epochs: float | None = None  # StepLR in epochs (DUDA); None = constant
+    lr_gamma: float = 0.1
+    warmup_steps: int = 0
+    grad_clip: float | None = None
+    betas: tuple[float, float] = (0.9, 0.999)
+    extra: dict = field(default_factory=dict)
+
+
+def config_hash(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def lr_factor(step: int, cfg: TrainConfig, steps_per_epoch: float) -> float:
+    f = 1.0
+    if cfg.warmup_steps:
+        f *= min(1.0, (step + 1) / cfg.warmup_steps)
+    if cfg.lr_step_epochs:
+        # Decay applied at the start of each epoch block, as the official DUDA schedule does.
+        epoch = math.floor(step / steps_per_epoch)
+        f *= cfg.lr_gamma ** (epoch // cfg.lr_step_epochs)
+    return f
+
+
+def save(path: Path, obj) -> None:
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)
+
+
+def train(model: torch.nn.Module, batch: Callable[[int], dict], validate: Callable, cfg: TrainConfig,
+          run_dir: Path, n_train: int, device: torch.device, identity: dict,
+          on_best: Callable[[dict], None] | None = None, log: Callable[[dict], None] = print,
+          stop_after: int | None = None) -> dict:
+    """Train for ``cfg.iterations`` steps; return the selection summary.
+
+    ``identity`` (method, config, seed, data) is hashed into the resume state: a state written under
+    another configuration is ignored. ``on_best(extra)`` is called when validation improves (the caller
+    stores what it wants, e.g. validation predictions). ``stop_after`` simulates an interruption (tests).
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    resume_path, best_path = run_dir / "resume.pt", run_dir / "checkpoint.pt"
+    key = config_hash(identity)
+    model.to(device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.Adam(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+    steps_per_epoch = n_train / cfg.batch_size
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg, steps_per_epoch))
+    state = {"step": 0, "best_score": -math.inf, "best_step": None, "history": []}
+    if resume_path.exists():
+        ck = torch.load(resume_path, map_location="cpu", weights_only=False)
+        if ck.get("key") == key:
+            model.load_state_dict(ck["model"])
+            opt.load_state_dict(ck["optimizer"])
+            sched.load_state_dict(ck["scheduler"])
+            torch.set_rng_state(ck["torch_rng"])
+            if device.type == "cuda" and ck.get("cuda_rng") is not None:
+                torch.cuda.set_rng_state(ck["cuda_rng"])
+            state = ck["state"]
+            log({"event": "resumed", "step": state["step"]})
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+    t0, step0 = time.time(), state["step"]
+    bar = tqdm(total=cfg.iterations, initial=state["step"], desc="train", unit="step", mininterval=5)
+    while state["step"] < cfg.iterations:
+        step = state["step"]
+        model.train()
+        b = {k: v.to(device, non_blocking=True) for k, v in batch(step).items()}
+        with autocast:
+            loss, parts = model.training_loss(b)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        opt.step()
+        sched.step()
+        state["step"] = step + 1
+        bar.update(1)
+        if not math.isfinite(loss.item()):
+            raise FloatingPointError(f"loss became {loss.item()} at step {step}")
+        if state["step"] % cfg.val_every == 0 or state["step"] == cfg.iterations:
+            model.eval()
+            score, extra = validate(model)
+            rec = {"step": state["step"], "loss": loss.item(), **parts, "lr": sched.get_last_lr()[0],
+                   "val_score": score, "elapsed_s": round(time.time() - t0, 1)}
+            state["history"].append(rec)
+            log(rec)
+            if score > state["best_score"]:
+                state["best_score"], state["best_step"] = score, state["step"]
+                save(best_path, {"model": model.state_dict(), "step": state["step"], "score": score,
+                                 "identity": identity})
+                if on_best:
+                    on_best(extra)
+            save(resume_path, {"key": key, "model": model.state_dict(), "optimizer": opt.state_dict(),
+                               "scheduler": sched.state_dict(), "torch_rng": torch.get_rng_state(),
+                               "cuda_rng": torch.cuda.get_rng_state() if device.type == "cuda" else None,
+                               "state": state})
+        if stop_after is not None and state["step"] >= stop_after:
+            break
+    bar.close()
+    steps_done = state["step"] - step0
+    return {"best_step": state["best_step"], "best_score": state["best_score"], "history": state["history"],
+            "steps_per_s": steps_done / max(time.time() - t0, 1e-9), "finished": state["step"] >= cfg.iterations}

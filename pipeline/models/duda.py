@@ -1,0 +1,171 @@
+"""DUDA: Dual Dynamic Attention (Park et al., ICCV 2019), as used by Hosseinzadeh & Wang (CVPR 2021) §3.
+
+Change detector: the difference X_diff = X_aft - X_bef is concatenated with each image; one shared
+1×1-conv stack (conv → GroupNorm → dropout → ReLU → conv → sigmoid) gives a spatial attention map per
+image; features are *summed* under the map (the official code sums, it does not average), giving
+l_bef, l_aft and l_diff = l_aft - l_bef.
+
+Dynamic speaker: an attention LSTM reads [u; h_c] with u = embed([l_bef; l_diff; l_aft]) and chooses
+soft weights over the three features; a caption LSTM reads [word embedding; attended feature].
+
+Loss (official ``train.py``): 0.5·CE(changed pair) + 0.5·CE(distractor pair) + λ_L1 · Σ(att_bef + att_aft)
+of the changed pair − λ_ent · H(dynamic attention) (λ_ent = 0 by default, as released).
+Input features get two coordinate channels in [-1, 1] (the official ``AddSpatialInfo``): 1024 → 1026,
+handled analytically in ``ChangeDetector`` rather than by concatenation.
+The official 6-way change-type classifier is omitted: its loss is never used in the released code.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from pipeline.models.common import CaptionModel, sequence_ce
+from pipeline.text import END, START
+
+
+def coordinates(h: int, w: int, ref: torch.Tensor) -> torch.Tensor:
+    """The two coordinate channels in [-1, 1] of the official ``AddSpatialInfo``: [2, H*W]."""
+    ys = torch.linspace(-1, 1, h, device=ref.device, dtype=ref.dtype).view(h, 1).expand(h, w)
+    xs = torch.linspace(-1, 1, w, device=ref.device, dtype=ref.dtype).view(1, w).expand(h, w)
+    return torch.stack([ys, xs]).reshape(2, h * w)
+
+
+class ChangeDetector(nn.Module):
+    """Dual attention: one attention map on the before image, one on the after image.
+
+    The official first layer is a 1×1 conv over [X; X_diff] (2·(C+2) channels, C feature channels plus
+    2 coordinate channels). Being linear, it equals W_x·X + W_d·(X_aft − X_bef): each image is projected
+    once and a before image shared by several pairs (changed and distractor) is projected once. The
+    coordinate channels cancel in X_diff and add a constant map W_xy·coords. Same function and
+    parameters as the official conv (``embed_conv`` keeps its [hidden, 2·(C+2), 1, 1] shape).
+    """
+
+    def __init__(self, dim: int, hidden: int = 128, groups: int = 32, dropout: float = 0.5):
+        super().__init__()
+        self.dim = dim  # feature channels + 2 coordinates
+        self.embed_conv = nn.Conv2d(2 * dim, hidden, 1)
+        self.embed_rest = nn.Sequential(nn.GroupNorm(groups, hidden), nn.Dropout(dropout), nn.ReLU())
+        self.att = nn.Conv2d(hidden, 1, 1)
+
+    def forward(self, bef: torch.Tensor, afts: list[torch.Tensor]):
+        """``bef`` [B, C, H, W] and each ``aft`` [B, C, H, W] → per pair (l_bef, l_aft, l_diff, att_bef, att_aft).
+
+        Pooled vectors carry C+2 dims (features, then the attention-weighted coordinates).
+        """
+        b, c, h, w = bef.shape
+        n = len(afts)
+        weight = self.embed_conv.weight.view(-1, 2 * self.dim)
+        w_img, w_xy = weight[:, :c], weight[:, c:c + 2]
+        w_dif = weight[:, self.dim:self.dim + c]
+        imgs = torch.stack([bef, *afts]).flatten(3)  # [1+n, B, C, HW]
+        proj_img = torch.einsum("kc,nbcp->nbkp", w_img, imgs)
+        proj_dif = torch.einsum("kc,nbcp->nbkp", w_dif, imgs)
+        coords = coordinates(h, w, bef)
+        const = (w_xy @ coords).unsqueeze(0) + self.embed_conv.bias.view(1, -1, 1)  # [1, hidden, HW]
+        e_bef = proj_img[0] + proj_dif[1:] - proj_dif[0] + const  # [n, B, hidden, HW]
+        e_aft = proj_img[1:] + proj_dif[1:] - proj_dif[0] + const
+        e = torch.cat([e_bef, e_aft]).reshape(2 * n * b, -1, h, w)
+        maps = torch.sigmoid(self.att(self.embed_rest(e))).view(2, n, b, 1, h * w)
+        att_bef, att_aft = maps[0], maps[1]  # [n, B, 1, HW]
+        coords_t = coords.t()
+        outs = []
+        for i in range(n):
+            l_bef = torch.cat([torch.bmm(att_bef[i], imgs[0].transpose(1, 2)).squeeze(1), att_bef[i].squeeze(1) @ coords_t], 1)
+            l_aft = torch.cat([torch.bmm(att_aft[i], imgs[i + 1].transpose(1, 2)).squeeze(1), att_aft[i].squeeze(1) @ coords_t], 1)
+            outs.append((l_bef, l_aft, l_aft - l_bef, att_bef[i].view(b, 1, h, w), att_aft[i].view(b, 1, h, w)))
+        return outs
+
+
+class DynamicSpeaker(nn.Module):
+    def __init__(self, feat_dim: int, vocab_size: int, embed_dim: int = 300, hidden: int = 512,
+                 att_hidden: int = 512, dropout: float = 0.5):
+        super().__init__()
+        self.hidden = hidden
+        self.embed_feats = nn.Sequential(nn.Linear(3 * feat_dim, hidden), nn.ReLU(), nn.Dropout(dropout))
+        self.att_lstm = nn.LSTMCell(2 * hidden, hidden)
+        self.dyn_att = nn.Sequential(nn.Linear(2 * hidden, att_hidden), nn.ReLU(), nn.Linear(att_hidden, 3))
+        self.word_embed = nn.Sequential(nn.Embedding(vocab_size, embed_dim), nn.ReLU(), nn.Dropout(dropout))
+        self.lang_lstm = nn.LSTMCell(embed_dim + feat_dim, hidden)
+        self.drop = nn.Dropout(dropout)
+        self.logit = nn.Linear(hidden, vocab_size)
+
+    def init_state(self, b: int, ref: torch.Tensor):
+        z = ref.new_zeros(b, self.hidden)
+        return (z, z), (z, z)
+
+    def step(self, feats, u, word, state):
+        """One time step. ``feats`` = stack(l_bef, l_diff, l_aft) [B, 3, D]; ``u`` their embedding."""
+        (h_a, c_a), (h_l, c_l) = state
+        h_a, c_a = self.att_lstm(torch.cat([u, h_l], 1), (h_a, c_a))
+        alpha = F.softmax(self.dyn_att(torch.cat([u, h_a], 1)), dim=1)  # [B, 3]
+        l_dyn = (alpha.unsqueeze(2) * feats).sum(1)
+        h_l, c_l = self.lang_lstm(torch.cat([self.word_embed(word), l_dyn], 1), (h_l, c_l))
+        logits = self.logit(self.drop(h_l))
+        return logits, alpha, ((h_a, c_a), (h_l, c_l))
+
+    def forward(self, l_bef, l_diff, l_aft, labels):
+        """Teacher forcing: logits for positions 1..L-1 of ``labels`` (which start with <START>)."""
+        feats = torch.stack([l_bef, l_diff, l_aft], 1)
+        u = self.embed_feats(feats.flatten(1))
+        state = self.init_state(labels.size(0), l_bef)
+        logits, alphas = [], []
+        for t in range(labels.size(1) - 1):
+            lg, a, state = self.step(feats, u, labels[:, t], state)
+            logits.append(lg)
+            alphas.append(a)
+        return torch.stack(logits, 1), torch.stack(alphas, 1)
+
+    @torch.no_grad()
+    def greedy(self, l_bef, l_diff, l_aft, max_len: int):
+        feats = torch.stack([l_bef, l_diff, l_aft], 1)
+        u = self.embed_feats(feats.flatten(1))
+        b = l_bef.size(0)
+        state = self.init_state(b, l_bef)
+        word = torch.full((b,), START, dtype=torch.long, device=l_bef.device)
+        out = torch.zeros(b, max_len, dtype=torch.long, device=l_bef.device)
+        done = torch.zeros(b, dtype=torch.bool, device=l_bef.device)
+        for t in range(max_len):
+            lg, _, state = self.step(feats, u, word, state)
+            word = lg.argmax(1)
+            word = word.masked_fill(done, 0)
+            out[:, t] = word
+            done |= word == END
+            if done.all():
+                break
+        return out
+
+
+class DUDA(CaptionModel):
+    def __init__(self, vocab_size: int, feat_dim: int = 1024, att_hidden: int = 128, embed_dim: int = 300,
+                 hidden: int = 512, dropout: float = 0.5, l1_weight: float = 2.5e-3, entropy_weight: float = 0.0):
+        super().__init__()
+        d = feat_dim + 2
+        self.detector = ChangeDetector(d, att_hidden, dropout=dropout)
+        self.speaker = DynamicSpeaker(d, vocab_size, embed_dim, hidden, dropout=dropout)
+        self.l1_weight = l1_weight
+        self.entropy_weight = entropy_weight
+
+    def training_loss(self, batch):
+        before, sc, nsc = batch["before"], batch["sc"], batch["nsc"]
+        b = before.size(0)
+        # Changed and distractor pairs share the before image's projection and one speaker pass.
+        pos, neg = self.detector(before, [sc, nsc])
+        l_bef, l_aft, l_diff, att_bef, att_aft = (torch.cat([p, q]) for p, q in zip(pos, neg))
+        labels = torch.cat([batch["pos_labels"], batch["neg_labels"]]).long()
+        logits, alphas = self.speaker(l_bef, l_diff, l_aft, labels)
+        ce_pos = sequence_ce(logits[:b], labels[:b, 1:])
+        ce_neg = sequence_ce(logits[b:], labels[b:, 1:])
+        l1 = (att_bef[:b].sum((1, 2, 3)) + att_aft[:b].sum((1, 2, 3))).mean()
+        mask = (labels[:, 1:] > 0).float()
+        entropy = -(alphas * torch.log(alphas + 1e-12)).sum(2)
+        entropy = (entropy * mask).sum() / mask.sum()
+        loss = 0.5 * ce_pos + 0.5 * ce_neg + self.l1_weight * l1 - self.entropy_weight * entropy
+        return loss, {"ce_pos": ce_pos.item(), "ce_neg": ce_neg.item(), "att_l1": l1.item(),
+                      "dyn_entropy": entropy.item()}
+
+    @torch.no_grad()
+    def generate(self, before, after, max_len: int):
+        l_bef, l_aft, l_diff, _, _ = self.detector(before, [after])[0]
+        return self.speaker.greedy(l_bef, l_diff, l_aft, max_len)

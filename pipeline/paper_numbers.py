@@ -1,0 +1,227 @@
+"""Numbers the five papers report, transcribed by hand from ``shared/seeds/*.md`` (x100, as printed).
+
+Each ``PaperRow`` is one row of one paper table for one method id and one block:
+
+- ``total``: the whole test split (semantic changes + distractors);
+- ``changed``: changed (semantic-change) pairs only; ``distractor``: distractor (pseudo-change) pairs only
+  (the aux paper's Table 2 layout, SCORER's Tables 1 and 7);
+- ``by_type``: one metric (``metric``: CIDEr, METEOR or SPICE) per change type: Color, Texture (= our
+  ``material``), Add, Drop, Move, Distractor (= ``no_change``). The papers' per-type scores are re-scored on
+  each type's subset (DUDA's convention), i.e. our ``by_type.subset_idf``.
+
+Values a table does not report are None (printed "-" in the papers). Where one method is reported by several
+papers, the method's own paper is the source of its row; DUDA's own paper (Park et al., ICCV 2019) is not among
+the seeds, so DUDA's rows come from the aux paper, which quotes it ("Numbers are taken from respective
+papers"). Disagreements between papers are kept in ``note``.
+
+Seeds (file names under ``shared/seeds/``): ``aux`` = aux-task-duda-tirg-cvpr2021.md,
+``pcl`` = idc-pcl-pretraining-aaai2022.md, ``scorer`` = scorer-cbr-iccv2023.md,
+``dirl`` = dirl-ccr-eccv2024.md, ``clip`` = clip4idc-aacl2022.md.
+
+Caveat for comparisons: the papers do not share one scorer (shared/reference/official-implementations.md §0.2):
+DUDA/SCORER/DIRL use coco-caption with PTB tokenisation and SPICE, CLIP4IDC drops SPICE, IDC-PCL uses its own
+copies without PTB tokenisation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+AUX = "aux-task-duda-tirg-cvpr2021.md"
+PCL = "idc-pcl-pretraining-aaai2022.md"
+SCORER = "scorer-cbr-iccv2023.md"
+DIRL = "dirl-ccr-eccv2024.md"
+CLIP = "clip4idc-aacl2022.md"
+
+TOTAL_METRICS = ("BLEU-4", "METEOR", "ROUGE-L", "CIDEr", "SPICE")
+TYPE_COLUMNS = ("Color", "Texture", "Add", "Drop", "Move", "Distractor")
+# paper column -> manifest change_type
+TYPE_TO_CHANGE = {"Color": "color", "Texture": "material", "Add": "add", "Drop": "drop", "Move": "move", "Distractor": "no_change"}
+BLOCKS = ("total", "changed", "distractor", "by_type")
+
+# The spine methods (one per system of shared/DESIGN.md), in table order.
+SPINE_METHODS = ("duda", "duda_aux", "idc_pcl", "scorer", "scorer_cbr", "dirl", "dirl_ccr", "clip_ft", "clip4idc")
+
+
+@dataclass(frozen=True)
+class PaperRow:
+    method: str
+    dataset: str
+    block: str
+    source: str  # "<seed file> Table N"
+    values: dict[str, float | None]
+    metric: str | None = None  # by_type only
+    label: str = ""  # the row's name in the paper
+    note: str = ""
+
+    def value(self, key: str) -> float | None:
+        return self.values.get(key)
+
+
+def _m(b4=None, m=None, r=None, c=None, s=None) -> dict[str, float | None]:
+    return {"BLEU-4": b4, "METEOR": m, "ROUGE-L": r, "CIDEr": c, "SPICE": s}
+
+
+def _t(color=None, texture=None, add=None, drop=None, move=None, distractor=None) -> dict[str, float | None]:
+    return {"Color": color, "Texture": texture, "Add": add, "Drop": drop, "Move": move, "Distractor": distractor}
+
+
+def _rows() -> list[PaperRow]:
+    R = PaperRow
+    cc, dc = "clevr_change", "clevr_dc"
+    rows = [
+        # ---------------------------------------------------------------- CLEVR-Change, whole test split
+        R("duda", cc, "total", f"{AUX} Table 1", _m(b4=47.3, m=33.9, c=112.3, s=24.5), label="DUDA [25]",
+          note=f"quoted from Park et al. 2019 (not in seeds); {PCL} Table 2 and {CLIP} Table 1 quote CIDEr 112.0"),
+        R("duda_aux", cc, "total", f"{AUX} Table 1", _m(b4=51.2, m=37.7, r=70.5, c=115.4, s=31.1), label="Ours"),
+        R("duda_aux_easy", cc, "total", f"{AUX} Table 4", _m(b4=51.0, m=37.3, r=70.4, c=115.2, s=30.8),
+          label="Ours (easy set only)"),
+        R("idc_pcl", cc, "total", f"{PCL} Table 2", _m(b4=51.2, m=36.2, r=71.7, c=128.9), label="Ours",
+          note="same as Table 4 line 4 (MLM + MVCL + FDA)"),
+        R("idc_pcl_no_pretrain", cc, "total", f"{PCL} Table 4", _m(b4=32.7, m=27.7, r=57.2, c=89.8),
+          label="1 None (fine-tuning only)"),
+        R("idc_pcl_mlm", cc, "total", f"{PCL} Table 4", _m(b4=36.7, m=28.2, r=60.9, c=94.9), label="2 MLM"),
+        R("idc_pcl_mlm_mvcl", cc, "total", f"{PCL} Table 4", _m(b4=50.3, m=37.6, r=70.6, c=119.7),
+          label="3 MLM + MVCL"),
+        R("idc_pcl_no_de", cc, "total", f"{PCL} Table 4", _m(b4=49.2, m=35.8, r=68.8, c=107.9),
+          label="5 MLM + MVCL + FDA without the image difference encoder"),
+        R("idc_pcl_no_dj", cc, "total", f"{PCL} Table 4", _m(b4=49.8, m=36.9, r=69.2, c=123.5),
+          label="6 w/o Distractor Judging"),
+        R("scorer", cc, "total", f"{SCORER} Table 1", _m(b4=55.8, m=40.8, r=74.0, c=126.0, s=33.0), label="SCORER (Ours)",
+          note="same in Table 6"),
+        R("scorer_cbr", cc, "total", f"{SCORER} Table 1", _m(b4=56.3, m=41.2, r=74.5, c=126.8, s=33.3),
+          label="SCORER+CBR (Ours)", note="same in Table 6"),
+        R("subtraction", cc, "total", f"{SCORER} Table 6", _m(b4=53.3, m=38.8, r=72.1, c=119.7, s=31.8), label="Subtraction"),
+        R("rr", cc, "total", f"{SCORER} Table 6", _m(b4=55.1, m=40.5, r=73.6, c=123.8, s=32.5),
+          label="RR (vanilla representation reconstruction)"),
+        R("rr_cbr", cc, "total", f"{SCORER} Table 6", _m(b4=55.8, m=41.0, r=74.2, c=125.5, s=32.9), label="RR+CBR"),
+        R("dirl", cc, "total", f"{DIRL}", _m(), label="",
+          note="not reported on CLEVR-Change (DIRL's ablations, Tables 6-7, are on CLEVR-DC)"),
+        R("dirl_ccr", cc, "total", f"{DIRL} Table 2", _m(), label="DIRL+CCR (Ours)",
+          note="whole-split scores not reported: Table 2 holds changed-pairs-only scores (see the changed block)"),
+        R("clip_ft", cc, "total", f"{CLIP} Table 5", _m(b4=49.9, m=34.8, r=70.8, c=133.9), label="CLIP-FT"),
+        R("clip4idc_no_adapt", cc, "total", f"{CLIP} Table 5", _m(b4=54.2, m=37.9, r=75.4, c=147.5),
+          label="CLIP4IDC without the retrieval adaptation loss"),
+        R("clip4idc", cc, "total", f"{CLIP} Table 1", _m(b4=56.9, m=38.4, r=76.4, c=150.7), label="CLIP4IDC",
+          note="same in Table 5"),
+    ]
+    # CLIP4IDC Table 7: captioning with the image encoder frozen after adaptation, N_intra / N_inter layers.
+    for n_intra, n_inter, b4, m, c, r in (
+        (6, 6, 54.0, 37.4, 146.5, 75.2),
+        (7, 5, 54.5, 37.5, 148.4, 75.5),
+        (8, 4, 54.1, 37.4, 147.3, 75.4),
+        (9, 3, 54.8, 37.8, 148.6, 75.8),
+        (10, 2, 51.5, 35.4, 134.6, 71.5),
+        (11, 1, 45.0, 32.7, 122.8, 67.9),
+        (12, 0, 38.8, 29.5, 90.9, 60.6),
+    ):
+        rows.append(R(f"clip4idc_frozen_intra{n_intra}_inter{n_inter}", cc, "total", f"{CLIP} Table 7",
+                      _m(b4=b4, m=m, r=r, c=c), label=f"N_intra={n_intra}, N_inter={n_inter}",
+                      note="captioning with the adapted image encoder frozen" + (" (the CLIP4IDC setting)" if n_intra == 9 else "")))
+
+    rows += [
+        # ---------------------------------------------------------------- CLEVR-Change, changed pairs only
+        R("duda", cc, "changed", f"{AUX} Table 2", _m(b4=42.9, m=29.7, c=94.6, s=19.9), label="DUDA"),
+        R("duda_aux", cc, "changed", f"{AUX} Table 2", _m(b4=49.9, m=34.3, r=65.4, c=101.3, s=27.9), label="Ours"),
+        R("scorer", cc, "changed", f"{SCORER} Table 1", _m(b4=54.1, m=37.4, r=71.5, c=122.0, s=31.2), label="SCORER (Ours)",
+          note="Table 7 prints BLEU-4 54.3, METEOR 37.5 for the same model"),
+        R("scorer_cbr", cc, "changed", f"{SCORER} Table 1", _m(b4=54.4, m=37.6, r=71.7, c=122.4, s=31.6),
+          label="SCORER+CBR (Ours)", note="same in Table 7"),
+        R("subtraction", cc, "changed", f"{SCORER} Table 7", _m(b4=50.2, m=34.1, r=67.1, c=108.0, s=28.0), label="Subtraction"),
+        R("rr", cc, "changed", f"{SCORER} Table 7", _m(b4=53.3, m=37.1, r=70.8, c=119.1, s=30.4), label="RR"),
+        R("rr_cbr", cc, "changed", f"{SCORER} Table 7", _m(b4=54.1, m=37.4, r=71.5, c=122.4, s=31.2), label="RR+CBR"),
+        R("dirl_ccr", cc, "changed", f"{DIRL} Table 2", _m(b4=54.6, m=38.1, r=71.9, c=123.6, s=31.8), label="DIRL+CCR (Ours)",
+          note="captioned 'Comparison with SOTA methods on the CLEVR-Change dataset'; its other rows equal the "
+               "changed-pairs-only scores of aux Table 2 and SCORER Table 1 (e.g. DUDA 94.6, SCORER+CBR 122.4), so "
+               "read as changed pairs only"),
+        # ---------------------------------------------------------------- CLEVR-Change, distractor pairs only
+        R("duda", cc, "distractor", f"{AUX} Table 2", _m(b4=59.8, m=45.2, c=110.8, s=29.1), label="DUDA"),
+        R("duda_aux", cc, "distractor", f"{AUX} Table 2", _m(b4=62.4, m=50.5, r=53.9, c=116.3, s=35.0), label="Ours"),
+        R("subtraction", cc, "distractor", f"{SCORER} Table 7", _m(b4=57.3, m=48.4, r=74.7, c=113.8, s=34.0),
+          label="Subtraction (only pseudo change)"),
+        R("rr", cc, "distractor", f"{SCORER} Table 7", _m(b4=61.1, m=50.7, r=76.4, c=114.9, s=34.6), label="RR (only pseudo change)"),
+        R("scorer", cc, "distractor", f"{SCORER} Table 7", _m(b4=61.4, m=50.6, r=76.5, c=116.4, s=34.7),
+          label="SCORER (only pseudo change)"),
+        R("rr_cbr", cc, "distractor", f"{SCORER} Table 7", _m(b4=60.7, m=51.2, r=76.9, c=114.9, s=34.6),
+          label="RR+CBR (only pseudo change)"),
+        R("scorer_cbr", cc, "distractor", f"{SCORER} Table 7", _m(b4=62.0, m=51.7, r=77.4, c=117.9, s=35.0),
+          label="SCORER+CBR (only pseudo change)"),
+        # ---------------------------------------------------------------- CLEVR-Change, per change type
+        R("duda", cc, "by_type", f"{AUX} Table 5 (Distractor: Table 2)",
+          _t(color=120.4, texture=86.7, add=108.2, drop=103.4, move=56.4, distractor=110.8), metric="CIDEr", label="DUDA [25]",
+          note=f"same in {PCL} Table 3, {SCORER} Table 2 and {CLIP} Table 2"),
+        R("duda", cc, "by_type", f"{AUX} Table 5", _t(color=32.8, texture=27.3, add=33.4, drop=31.4, move=23.5), metric="METEOR",
+          label="DUDA [25]"),
+        R("duda", cc, "by_type", f"{AUX} Table 5", _t(color=21.2, texture=18.3, add=22.4, drop=22.2, move=15.4), metric="SPICE",
+          label="DUDA [25]"),
+        R("duda_aux", cc, "by_type", f"{AUX} Table 5 (Distractor: Table 2)",
+          _t(color=120.8, texture=89.9, add=119.8, drop=123.4, move=62.1, distractor=116.3), metric="CIDEr", label="Ours",
+          note=f"same in {CLIP} Table 2"),
+        R("duda_aux", cc, "by_type", f"{AUX} Table 5", _t(color=36.1, texture=30.4, add=37.8, drop=36.7, move=27.0), metric="METEOR",
+          label="Ours"),
+        R("duda_aux", cc, "by_type", f"{AUX} Table 5", _t(color=29.7, texture=27.4, add=31.4, drop=30.8, move=23.5), metric="SPICE",
+          label="Ours"),
+        R("idc_pcl", cc, "by_type", f"{PCL} Table 3",
+          _t(color=131.2, texture=101.1, add=133.3, drop=116.5, move=81.7, distractor=145.0), metric="CIDEr", label="Ours",
+          note="the paper's column order is C, T, M, A, D, DI"),
+        R("scorer", cc, "by_type", f"{SCORER} Table 2 (Distractor: Table 7)",
+          _t(color=143.2, texture=135.2, add=129.4, drop=132.6, move=91.6, distractor=116.4), metric="CIDEr", label="SCORER",
+          note="Distractor = Table 7 'only pseudo change' CIDEr"),
+        R("scorer_cbr", cc, "by_type", f"{SCORER} Table 2 (Distractor: Table 7)",
+          _t(color=146.2, texture=133.7, add=131.1, drop=133.9, move=92.2, distractor=117.9), metric="CIDEr", label="SCORER+CBR",
+          note="Distractor = Table 7 'only pseudo change' CIDEr"),
+        R("dirl_ccr", cc, "by_type", f"{DIRL} Table 3", _t(color=40.7, texture=38.2, add=40.0, drop=37.9, move=33.5), metric="METEOR",
+          label="DIRL+CCR (Ours)", note="DIRL reports per-type METEOR only"),
+        R("clip4idc", cc, "by_type", f"{CLIP} Table 2",
+          _t(color=149.1, texture=135.3, add=132.4, drop=135.5, move=91.0, distractor=133.4), metric="CIDEr", label="CLIP4IDC",
+          note="the paper's column order is C, T, M, A, D, DI"),
+        # ---------------------------------------------------------------- CLEVR-DC (whole test split)
+        R("duda", dc, "total", f"{SCORER} Table 3", _m(b4=40.3, m=27.1, c=56.7, s=16.1), label="DUDA [22]",
+          note=f"same in {DIRL} Table 4"),
+        R("scorer", dc, "total", f"{SCORER} Table 3", _m(b4=49.5, m=33.4, c=82.4, s=15.8), label="SCORER"),
+        R("scorer_cbr", dc, "total", f"{SCORER} Table 3", _m(b4=49.4, m=33.4, c=83.7, s=16.2), label="SCORER+CBR",
+          note=f"{DIRL} Table 4 adds ROUGE-L 66.1"),
+        R("dirl_ccr", dc, "total", f"{DIRL} Table 4", _m(b4=51.4, m=32.3, r=66.3, c=84.1, s=16.8), label="DIRL+CCR (Ours)",
+          note="same in Table 6 (Transformer + DIRL + CCR; METEOR not in Table 6)"),
+        R("transformer", dc, "total", f"{DIRL} Table 6", _m(b4=48.9, r=65.6, c=79.6, s=15.7), label="Transformer"),
+        R("dirl", dc, "total", f"{DIRL} Table 6", _m(b4=50.5, r=65.8, c=81.8, s=16.2), label="Transformer + DIRL",
+          note="same in Table 7 (non-perturbation + discrimination)"),
+        R("transformer_ccr", dc, "total", f"{DIRL} Table 6", _m(b4=49.3, r=65.5, c=82.7, s=16.4), label="Transformer + CCR"),
+        R("dirl_nonpert", dc, "total", f"{DIRL} Table 7", _m(b4=50.7, r=65.2, c=79.3, s=16.2), label="DIRL, non-perturbation only"),
+        R("dirl_discrim", dc, "total", f"{DIRL} Table 7", _m(b4=50.1, r=65.1, c=79.5, s=16.2), label="DIRL, discrimination only"),
+    ]
+    return rows
+
+
+PAPER_ROWS: tuple[PaperRow, ...] = tuple(_rows())
+
+# Alternative method ids that name the same paper rows.
+ALIASES = {"transformer_dirl": "dirl", "transformer_dirl_ccr": "dirl_ccr", "duda_tirg": "duda_aux"}
+
+# Table order: the order of first appearance above.
+METHOD_ORDER: tuple[str, ...] = tuple(dict.fromkeys(r.method for r in PAPER_ROWS))
+
+
+def canonical(method: str) -> str:
+    return ALIASES.get(method, method)
+
+
+def rows(dataset: str, block: str, methods=None, metric: str | None = None) -> list[PaperRow]:
+    """Paper rows of one dataset and block (and, for ``by_type``, one metric), in table order.
+
+    ``methods`` restricts (and orders nothing: table order is kept) to those method ids or their aliases.
+    """
+    if block not in BLOCKS:
+        raise ValueError(f"unknown block {block!r}; expected one of {BLOCKS}")
+    wanted = None if methods is None else {canonical(m) for m in methods}
+    out = [
+        r for r in PAPER_ROWS
+        if r.dataset == dataset and r.block == block and (metric is None or r.metric == metric)
+        and (wanted is None or r.method in wanted)
+    ]
+    return sorted(out, key=lambda r: METHOD_ORDER.index(r.method))
+
+
+def lookup(dataset: str, block: str, method: str, metric: str | None = None) -> PaperRow | None:
+    found = rows(dataset, block, [method], metric)
+    return found[0] if found else None

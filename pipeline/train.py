@@ -1,0 +1,145 @@
+"""Stage ``train``: train one method with one seed; select the checkpoint on validation CIDEr.
+
+Writes into ``--run-dir``: ``checkpoint.pt`` (the selected weights), ``predictions_val.json`` (greedy
+decoding of the selected checkpoint), ``train_log.jsonl`` and ``run.json``. The test split is never
+touched here: it is decoded once, by the ``decode`` stage, with the selected checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from pipeline.data import TrainBatches, eval_batches
+from pipeline.datasets.manifest import load as load_manifest
+from pipeline.engine import TrainConfig, train
+from pipeline.errors import PipelineError
+from pipeline.features.store import FeatureStore
+from pipeline.models import build_model
+from pipeline.text import Labels, Vocab
+from pipeline.utils.io import write_json
+from pipeline.utils.seed import pick_device, set_threads, seed_everything
+
+TRAIN_KEYS = {f for f in TrainConfig.__dataclass_fields__} - {"extra"}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--method", required=True)
+    p.add_argument("--dataset", required=True)
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--hparams", required=True, help="JSON: {'model': {...}, 'train': {...}}")
+    p.add_argument("--manifest", required=True)
+    p.add_argument("--text-dir", required=True)
+    p.add_argument("--features", required=True)
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--init", default=None, help="checkpoint of a previous stage (pre-training, adaptation) "
+                   "to initialise from; its tensors are copied by name")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch default)")
+
+
+def decode_split(model, records, store, vocab: Vocab, device, batch_size: int, max_len: int) -> list[dict]:
+    model.eval()
+    out = []
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+    with torch.no_grad(), autocast:
+        for ids, before, after in eval_batches(records, store, batch_size):
+            tokens = model.generate(before.to(device), after.to(device), max_len).cpu()
+            out.extend({"image_id": i, "caption": vocab.decode(t)} for i, t in zip(ids, tokens))
+    return out
+
+
+def parse_hparams(text: str) -> tuple[dict, TrainConfig]:
+    try:
+        hp = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise PipelineError(f"--hparams is not valid JSON: {e}") from None
+    tr = dict(hp.get("train", {}))
+    extra = {k: tr.pop(k) for k in list(tr) if k not in TRAIN_KEYS}
+    try:
+        cfg = TrainConfig(**tr, extra=extra)
+    except TypeError as e:
+        raise PipelineError(f"train hyper-parameters: {e}") from None
+    return hp.get("model", {}), cfg
+
+
+def run(args: argparse.Namespace) -> None:
+    from pipeline.evaluate import score
+
+    set_threads(args.threads)
+    seed_everything(args.seed)
+    device = pick_device(args.device)
+    model_hp, cfg = parse_hparams(args.hparams)
+    run_dir = Path(args.run_dir)
+    records = load_manifest(args.manifest)
+    train_recs = [r for r in records if r["split"] == "train"]
+    val_recs = [r for r in records if r["split"] == "val"]
+    if not val_recs:
+        raise PipelineError(f"{args.manifest}: no validation pairs (model selection needs them)")
+    vocab = Vocab.load(Path(args.text_dir) / "vocab.json")
+    labels = Labels(Path(args.text_dir) / "labels.h5")
+    max_len = int(cfg.extra.get("max_decode_len", 24))
+    refs = {r["pair_id"]: r["captions"] for r in val_recs}
+
+    with FeatureStore(args.features) as store:
+        feat_dim = store.shape[0]
+        model = build_model(args.method, len(vocab), feat_dim, model_hp)
+        if args.init:
+            init = torch.load(args.init, map_location="cpu", weights_only=False)
+            try:
+                copied = model.init_from(init["model"])
+            except ValueError as e:
+                raise PipelineError(f"--init {args.init}: {e}") from None
+            print(f"train: initialised {len(copied)} tensors from {args.init}", flush=True)
+        batches = TrainBatches(train_recs, labels, store, cfg.batch_size, args.seed,
+                               cfg.extra.get("distractor_swap", 0.5))
+        best_preds: dict = {}
+
+        def validate(m):
+            preds = decode_split(m, val_recs, store, vocab, device, 128, max_len)
+            s = score(refs, {p["image_id"]: p["caption"] for p in preds}, metrics=("CIDEr",))
+            return s["CIDEr"], preds
+
+        def on_best(preds):
+            best_preds["val"] = preds
+
+        log_path = run_dir / "train_log.jsonl"
+        run_dir.mkdir(parents=True, exist_ok=True)
+
+        def log(rec):
+            print(json.dumps(rec), flush=True)
+            with open(log_path, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+
+        identity = {"method": args.method, "dataset": args.dataset, "seed": args.seed, "hparams": json.loads(args.hparams),
+                    "init": args.init,
+                    "features": dict(store.attrs), "n_train": len(batches), "vocab": len(vocab)}
+        t0 = time.time()
+        summary = train(model, batches.batch, validate, cfg, run_dir, len(batches), device, identity, on_best, log)
+        if "val" not in best_preds:  # resumed after the best step: decode the selected checkpoint again
+            ck = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
+            model.load_state_dict(ck["model"])
+            best_preds["val"] = decode_split(model, val_recs, store, vocab, device, 128, max_len)
+        write_json(run_dir / "predictions_val.json", best_preds["val"], indent=None)
+        sources = sorted({r["source"] for r in records})
+        write_json(run_dir / "run.json", {
+            "method": args.method, "dataset": args.dataset, "seed": args.seed, "kind": "reproduced",
+            "source": ",".join(sources), "backbone": store.attrs.get("backbone"), "weights": store.attrs.get("weights"),
+            "selected_step": summary["best_step"], "val_CIDEr": summary["best_score"],
+            "selection": "greedy decoding, validation CIDEr-D", "train_seconds": round(time.time() - t0, 1),
+            "steps_per_s": round(summary["steps_per_s"], 3), "device": device.type,
+            "config": json.loads(args.hparams), "vocab_size": len(vocab), "n_train_triplets": len(batches),
+        })
+    # The model file carries what decode needs to rebuild the network.
+    ck = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
+    ck.update({"method": args.method, "model_hparams": model_hp, "vocab_size": len(vocab), "feat_dim": feat_dim,
+               "max_decode_len": max_len})
+    from pipeline.engine import save
+
+    save(run_dir / "checkpoint.pt", ck)
+    print(f"train: {args.method} seed {args.seed}: selected step {summary['best_step']} "
+          f"(val CIDEr-D {summary['best_score']:.3f}), {summary['steps_per_s']:.2f} steps/s")

@@ -1,0 +1,67 @@
+import json
+
+from pipeline.config import validate as validate_config
+from pipeline.errors import PipelineError
+
+try:
+    validate_config(config, source="config")
+except PipelineError as e:
+    raise WorkflowError(str(e)) from None
+
+TRAINED = sorted(config["methods"])
+SANITY = ["most_frequent", "nearest_neighbour"]
+
+
+wildcard_constraints:
+    dataset="|".join(config["datasets"]),
+    seed=r"\d+",
+    backbone="|".join(config["features"]),
+
+
+def dataset_cfg(dataset):
+    return config["datasets"][dataset]
+
+
+def raw_root(dataset):
+    return f"resources/raw/{dataset}/{dataset_cfg(dataset)['source']}"
+
+
+def raw_ready(dataset):
+    """The file or folder whose existence means the raw data is complete and verified."""
+    if dataset_cfg(dataset)["source"] == "synthetic":
+        return raw_root(dataset)
+    return f"{raw_root(dataset)}/verified.json"
+
+
+def as_json(obj):
+    # Params are compared between runs: changing a hyper-parameter re-runs exactly the rules using it.
+    return json.dumps(obj, sort_keys=True)
+
+
+def method_backbone(method):
+    return config["methods"][method]["backbone"]
+
+
+def init_checkpoint(dataset, method, seed):
+    """A method with ``init_from: <name>`` starts from ``results/<dataset>/<name>/seed<k>/checkpoint.pt``,
+    the output of a first-stage rule (pre-training, adaptation) named in ``config['pretraining']``."""
+    name = config["methods"][method].get("init_from")
+    return [f"results/{dataset}/{name}/seed{seed}/checkpoint.pt"] if name else []
+
+
+def sanity_backbone(dataset):
+    for t in config["tables"].values():
+        if t.get("dataset", dataset) == dataset and "sanity_backbone" in t:
+            return t["sanity_backbone"]
+    return "resnet101_layer3"
+
+
+# Method-specific metrics merged into metrics.json by `evaluate`: method id -> {name: path pattern}
+# (patterns use {dataset}, {method}, {seed}). Rules of two-network methods register theirs here,
+# e.g. EXTRA_METRICS["duda_aux"] = {"retrieval": "results/{dataset}/{method}/seed{seed}/retrieval_test.json"}.
+EXTRA_METRICS = {}
+
+
+def extra_metrics(w):
+    pats = EXTRA_METRICS.get(w.method, {})
+    return {k: v.format(dataset=w.dataset, method=w.method, seed=w.seed) for k, v in pats.items()}

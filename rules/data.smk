@@ -1,0 +1,45 @@
+rule synth_clevr_change:
+    """Render the synthetic CLEVR-Change world in the official layout (resumable; see pipeline/synth)."""
+    output:
+        directory("resources/raw/clevr_change/synthetic"),
+    params:
+        cfg=lambda w: dataset_cfg("clevr_change")["synthetic"],
+        key=lambda w: as_json(dataset_cfg("clevr_change")["synthetic"]),
+    threads: lambda w: dataset_cfg("clevr_change")["synthetic"].get("workers", 1)
+    log:
+        "logs/clevr_change/synth.log",
+    benchmark:
+        "logs/benchmarks/clevr_change/synth.tsv"
+    shell:
+        "python -m pipeline synth-clevr-change --out {output} --n-indices {params.cfg[n_indices]} "
+        "--seed {params.cfg[seed]} --split-fractions {params.cfg[split_fractions]} --workers {threads} "
+        "> {log} 2>&1"
+
+
+rule fetch_official:
+    """Download the official release, or verify a copy placed by hand (message says what goes where)."""
+    output:
+        "resources/raw/{dataset}/official/verified.json",
+    params:
+        flag=lambda w: "" if dataset_cfg(w.dataset).get("official", {}).get("download", True) else "--no-download",
+    log:
+        "logs/{dataset}/fetch.log",
+    shell:
+        "python -m pipeline fetch --dataset {wildcards.dataset} --root resources/raw/{wildcards.dataset}/official "
+        "{params.flag} > {log} 2>&1"
+
+
+rule manifest:
+    """Parse the official layout (either source) into one normalised record per image pair."""
+    input:
+        lambda w: raw_ready(w.dataset),
+    output:
+        "results/{dataset}/manifest.jsonl",
+    params:
+        root=lambda w: raw_root(w.dataset),
+        source=lambda w: dataset_cfg(w.dataset)["source"],
+    log:
+        "logs/{dataset}/manifest.log",
+    shell:
+        "python -m pipeline manifest --dataset {wildcards.dataset} --raw-dir {params.root}/data "
+        "--source {params.source} --out {output} > {log} 2>&1"

@@ -1,0 +1,25 @@
+rule extract_features:
+    """Backbone features of every image to one HDF5 file (GPU in bf16 when present; resumable)."""
+    input:
+        manifest="results/{dataset}/manifest.jsonl",
+        raw=lambda w: raw_ready(w.dataset),
+    output:
+        "results/{dataset}/features/{backbone}.h5",
+    params:
+        root=lambda w: raw_root(w.dataset),
+        cfg=lambda w: config["features"][w.backbone],
+        key=lambda w: as_json(config["features"][w.backbone]),
+    threads: workflow.cores
+    resources:
+        gpu=1,
+        mem_mb=8000,
+    log:
+        "logs/{dataset}/features_{backbone}.log",
+    benchmark:
+        "logs/benchmarks/{dataset}/features_{backbone}.tsv"
+    shell:
+        "python -m pipeline extract-features --manifest {input.manifest} --raw-dir {params.root}/data "
+        "--backbone {wildcards.backbone} --weights {params.cfg[weights]} --weights-dir resources/weights "
+        "--batch-size {params.cfg[batch_size]} --dtype {params.cfg[dtype]} --image-size {params.cfg[image_size]} "
+        "--mean {params.cfg[mean]} --std {params.cfg[std]} --seed {params.cfg[seed]} "
+        "--out {output} > {log} 2>&1"

@@ -1,0 +1,35 @@
+def table_cfg(table):
+    return config["tables"][table]
+
+
+def table_dataset(table):
+    return table_cfg(table).get("dataset", table)
+
+
+def table_runs(table):
+    t, ds = table_cfg(table), table_dataset(table)
+    runs = [f"results/{ds}/{m}/seed{s}" for m in t["methods"] for s in config["seeds"]]
+    return runs + [f"results/{ds}/{m}/seed0" for m in t.get("sanity", [])]  # sanity rows are deterministic
+
+
+rule table:
+    """A paper table: reproduced rows (mean ± std over seeds), sanity rows, and the papers' numbers."""
+    input:
+        metrics=lambda w: [f"{r}/metrics.json" for r in table_runs(w.table)],
+        runs=lambda w: [f"{r}/run.json" for r in table_runs(w.table)],
+    output:
+        csv="results/tables/{table}.csv",
+        md="results/tables/{table}.md",
+        by_type="results/tables/{table}_by_type.csv",
+        pairs="results/tables/{table}_pairs.csv",
+    wildcard_constraints:
+        table="|".join(config["tables"]),
+    params:
+        dataset=lambda w: table_dataset(w.table),
+        runs=lambda w: table_runs(w.table),
+        paper=lambda w: " ".join(table_cfg(w.table)["methods"]),
+    log:
+        "logs/tables/{table}.log",
+    shell:
+        "python -m pipeline table --dataset {params.dataset} --runs {params.runs} "
+        "--paper-methods {params.paper} --out {output.csv} > {log} 2>&1"

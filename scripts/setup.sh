@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# One-step set-up on a fresh machine with Python 3.11 and Java: the CPU build of torch first (a bare
+# `torch` requirement would pull several GB of CUDA packages), then the package and its tools.
+# On a GPU machine, install the CUDA build of torch first and this script keeps it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if ! $PY -c "import torch" 2>/dev/null; then
+  # Where PyPI serves CUDA wheels and no GPU is wanted, install torch from PyTorch's CPU index first.
+  $PY -m pip install --quiet torch==2.13.0
+fi
+$PY -m pip install --quiet -e ".[test,dvc]"
+$PY -c "import pipeline, torch, snakemake, h5py, pycocoevalcap, transformers; print('set-up ok: torch', torch.__version__)"

@@ -1,0 +1,88 @@
+import torch
+import torch.nn.functional as F
+
+from pipeline.models.duda import DUDA, ChangeDetector
+from pipeline.text import END, START
+
+
+def naive_detector(det: ChangeDetector, bef, aft):
+    """The official formulation: concatenate coordinates, then a 1x1 conv over [X; X_diff]."""
+    b, _, h, w = bef.shape
+    ys = torch.linspace(-1, 1, h).view(1, 1, h, 1).expand(b, 1, h, w)
+    xs = torch.linspace(-1, 1, w).view(1, 1, 1, w).expand(b, 1, h, w)
+    bef, aft = torch.cat([bef, ys, xs], 1), torch.cat([aft, ys, xs], 1)
+    diff = aft - bef
+
+    def att(x):
+        e = det.embed_rest(F.conv2d(torch.cat([x, diff], 1), det.embed_conv.weight, det.embed_conv.bias))
+        return torch.sigmoid(det.att(e))
+
+    a_b, a_a = att(bef), att(aft)
+    l_b, l_a = (a_b * bef).sum((2, 3)), (a_a * aft).sum((2, 3))
+    return l_b, l_a, l_a - l_b, a_b, a_a
+
+
+def test_detector_equals_official_concatenated_conv():
+    torch.manual_seed(0)
+    det = ChangeDetector(dim=16 + 2, hidden=32, groups=8).eval()
+    bef, sc, nsc = (torch.randn(3, 16, 5, 4) for _ in range(3))
+    fast = det(bef, [sc, nsc])
+    for aft, got in zip([sc, nsc], fast):
+        want = naive_detector(det, bef, aft)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+def small_batch(b=4, c=16, vocab=12, length=7):
+    g = torch.Generator().manual_seed(1)
+    labels = torch.randint(4, vocab, (2, b, length), generator=g)
+    labels[:, :, 0] = START
+    labels[:, :, 5] = END
+    labels[:, :, 6] = 0
+    return {"before": torch.randn(b, c, 4, 4, generator=g), "sc": torch.randn(b, c, 4, 4, generator=g),
+            "nsc": torch.randn(b, c, 4, 4, generator=g), "pos_labels": labels[0], "neg_labels": labels[1],
+            "type": torch.zeros(b, dtype=torch.long)}
+
+
+def tiny(**kw):
+    return DUDA(vocab_size=12, feat_dim=16, att_hidden=32, embed_dim=8, hidden=16, **kw)
+
+
+def test_loss_is_the_official_weighted_sum():
+    torch.manual_seed(0)
+    m = tiny(l1_weight=0.0).eval()
+    batch = small_batch()
+    loss, parts = m.training_loss(batch)
+    assert abs(loss.item() - (0.5 * parts["ce_pos"] + 0.5 * parts["ce_neg"])) < 1e-5
+    m.l1_weight = 0.5
+    loss2, parts2 = m.training_loss(batch)
+    assert abs(loss2.item() - loss.item() - 0.5 * parts2["att_l1"]) < 1e-4
+    # The L1 term is the sum of both sigmoid maps, so it lies in (0, 2*H*W).
+    assert 0 < parts2["att_l1"] < 2 * 16
+
+
+def test_gradients_reach_every_parameter():
+    torch.manual_seed(0)
+    m = tiny(entropy_weight=0.1)
+    loss, _ = m.training_loss(small_batch())
+    loss.backward()
+    missing = [n for n, p in m.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert not missing, missing
+
+
+def test_learns_to_copy_a_caption_and_greedy_stops_at_end():
+    torch.manual_seed(0)
+    m = tiny(l1_weight=0.0)
+    m.speaker.drop.p = 0.0
+    batch = small_batch(b=2)
+    opt = torch.optim.Adam(m.parameters(), 1e-2)
+    for _ in range(150):
+        loss, _ = m.training_loss(batch)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    m.eval()
+    out = m.generate(batch["before"], batch["sc"], max_len=10)
+    want = batch["pos_labels"][:, 1:6]  # four words then <END>
+    assert torch.equal(out[:, :5], want)
+    assert (out[:, 5:] == 0).all()  # nothing after <END>

@@ -1,0 +1,62 @@
+import torch
+
+from pipeline.engine import TrainConfig, lr_factor, train
+from pipeline.models.duda import DUDA
+from tests.test_duda import small_batch
+
+
+def batch_fn(step):
+    g = torch.Generator().manual_seed(1000 + step)  # a pure function of the step, like TrainBatches
+    b = small_batch()
+    for k in ("before", "sc", "nsc"):
+        b[k] = torch.randn(b[k].shape, generator=g)
+    return b
+
+
+def run(tmp, stop_after=None):
+    torch.manual_seed(0)
+    model = DUDA(vocab_size=12, feat_dim=16, att_hidden=32, embed_dim=8, hidden=16, dropout=0.3)
+    fixed = batch_fn(999)
+
+    def validate(m):
+        with torch.no_grad():
+            return -m.training_loss(fixed)[0].item(), None
+
+    cfg = TrainConfig(iterations=20, lr=1e-2, batch_size=4, val_every=5, lr_step_epochs=2, lr_gamma=0.5)
+    summary = train(model, batch_fn, validate, cfg, tmp, n_train=16, device=torch.device("cpu"),
+                    identity={"test": 1}, log=lambda r: None, stop_after=stop_after)
+    return model, summary
+
+
+def test_resumed_run_equals_uninterrupted(tmp_path):
+    full, s_full = run(tmp_path / "a")
+    part, s_part = run(tmp_path / "b", stop_after=12)  # interrupted after step 12; state saved at step 10
+    assert not s_part["finished"]
+    resumed, s_res = run(tmp_path / "b")
+    assert s_res["finished"]
+    for (n, p), q in zip(full.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(p, q), n
+    assert s_res["best_step"] == s_full["best_step"]
+    assert [h["val_score"] for h in s_res["history"]] == [h["val_score"] for h in s_full["history"]]
+    a = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=False)
+    b = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)
+    assert a["step"] == b["step"] and all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
+def test_resume_state_of_another_configuration_is_ignored(tmp_path):
+    run(tmp_path, stop_after=10)
+    torch.manual_seed(0)
+    model = DUDA(vocab_size=12, feat_dim=16, att_hidden=32, embed_dim=8, hidden=16)
+    cfg = TrainConfig(iterations=5, lr=1e-2, batch_size=4, val_every=5)
+    logs = []
+    train(model, batch_fn, lambda m: (0.0, None), cfg, tmp_path, 16, torch.device("cpu"), {"test": 2}, log=logs.append)
+    assert not any(r.get("event") == "resumed" for r in logs)
+
+
+def test_step_schedule_decays_at_epoch_blocks():
+    cfg = TrainConfig(iterations=100, lr=1.0, batch_size=4, val_every=10, lr_step_epochs=15, lr_gamma=0.1)
+    spe = 265.0  # official DUDA: ~265 iterations per epoch
+    assert lr_factor(0, cfg, spe) == 1.0
+    assert lr_factor(int(15 * spe) - 1, cfg, spe) == 1.0
+    assert abs(lr_factor(int(15 * spe) + 1, cfg, spe) - 0.1) < 1e-12
+    assert abs(lr_factor(int(30 * spe) + 1, cfg, spe) - 0.01) < 1e-12

@@ -1,0 +1,97 @@
+"""The whole DAG on the tiny `.test` configuration, as a user runs it (Snakemake CLI in a fresh folder)."""
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+TEST_CONFIG = ROOT / ".test" / "config" / "config.yaml"
+TABLE = "results/tables/clevr_change.csv"
+
+pytestmark = pytest.mark.slow
+
+
+def smk(workdir, *args, config=TEST_CONFIG, check=True):
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir),
+           "--configfile", str(config), "--cores", "2", *args]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if check and p.returncode != 0:
+        raise AssertionError(f"snakemake failed:\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}")
+    return p
+
+
+def planned_rules(p) -> set[str]:
+    return set(re.findall(r"^rule (\w+):", p.stdout + p.stderr, flags=re.M))
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    wd = tmp_path_factory.mktemp("dag")
+    smk(wd, TABLE)
+    return wd
+
+
+def test_dag_writes_the_table_with_reproduced_sanity_and_paper_rows(workdir):
+    t = pd.read_csv(workdir / TABLE)
+    kinds = dict(zip(t["method"] + "/" + t["kind"], t["kind"]))
+    assert {"duda/reproduced", "most_frequent/sanity", "nearest_neighbour/sanity", "duda/paper"} <= set(kinds)
+    row = t[(t["method"] == "duda") & (t["kind"] == "reproduced")].iloc[0]
+    assert "synthetic" in str(row["source"]).lower() and "random" in str(row["weights"]).lower()
+    paper = t[(t["method"] == "duda") & (t["kind"] == "paper")].iloc[0]
+    assert paper["CIDEr"] != row["CIDEr"]
+    for f in ("clevr_change.md", "clevr_change_by_type.csv", "clevr_change_pairs.csv"):
+        assert (workdir / "results" / "tables" / f).stat().st_size > 0
+    for name in ("checkpoint.pt", "predictions_val.json", "predictions_test.json", "metrics.json", "run.json"):
+        assert (workdir / "results/clevr_change/duda/seed0" / name).is_file()
+    assert (workdir / "logs/benchmarks/clevr_change/duda/seed0/train.tsv").is_file()
+
+
+def test_second_run_does_nothing(workdir):
+    p = smk(workdir, TABLE, "--dry-run")
+    assert "Nothing to be done" in p.stdout + p.stderr, p.stdout[-2000:]
+
+
+def test_changing_a_duda_hyperparameter_reruns_only_training_and_after(workdir, tmp_path):
+    cfg = yaml.safe_load(TEST_CONFIG.read_text())
+    cfg["methods"]["duda"]["train"]["lr"] = 2e-3
+    changed = tmp_path / "changed.yaml"
+    changed.write_text(yaml.safe_dump(cfg))
+    p = smk(workdir, TABLE, "--dry-run", config=changed)
+    assert planned_rules(p) == {"train", "decode_test", "evaluate", "table"}, p.stdout[-3000:]
+
+
+def test_same_seed_gives_the_identical_table(workdir):
+    first = (workdir / TABLE).read_bytes()
+    first_preds = (workdir / "results/clevr_change/duda/seed0/predictions_test.json").read_bytes()
+    shutil.rmtree(workdir / "results/clevr_change/duda")
+    smk(workdir, TABLE)
+    assert (workdir / "results/clevr_change/duda/seed0/predictions_test.json").read_bytes() == first_preds
+    assert (workdir / TABLE).read_bytes() == first
+
+
+def test_unknown_config_key_stops_with_one_clear_message(tmp_path):
+    cfg = yaml.safe_load(TEST_CONFIG.read_text())
+    cfg["methods"]["duda"]["train"]["learning_rate"] = 1
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(cfg))
+    p = smk(tmp_path, TABLE, "--dry-run", config=bad, check=False)
+    assert p.returncode != 0
+    assert "unknown key 'learning_rate' under methods.duda.train" in p.stdout + p.stderr
+
+
+def test_official_source_offline_says_what_to_place_where(tmp_path):
+    cfg = yaml.safe_load(TEST_CONFIG.read_text())
+    cfg["datasets"]["clevr_change"] = {"source": "official", "official": {"download": False}}
+    c = tmp_path / "official.yaml"
+    c.write_text(yaml.safe_dump(cfg))
+    p = smk(tmp_path, "results/clevr_change/manifest.jsonl", config=c, check=False)
+    assert p.returncode != 0
+    log = (tmp_path / "logs/clevr_change/fetch.log").read_text()
+    assert "resources/raw/clevr_change/official/clevr_change.tar.gz" in log
+    assert not (tmp_path / "resources/raw/clevr_change/official/verified.json").exists()
