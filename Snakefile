@@ -27,6 +27,10 @@ include: "rules/train.smk"
 include: "rules/baselines.smk"
 include: "rules/evaluate.smk"
 include: "rules/tables.smk"
+include: "rules/clip4idc.smk"
+include: "rules/aux.smk"
+include: "rules/negatives.smk"
+include: "rules/idc_pcl.smk"
 
 
 rule all:

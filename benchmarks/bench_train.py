@@ -2,8 +2,8 @@
 
 Prints ours next to the official formulation measured in the same run: the official code concatenates
 two coordinate channels, runs the 1×1 conv over [X; X_diff] for every image of every pair, and calls the
-model separately for the changed and the distractor pair. ``OfficialStyle`` below re-expresses exactly
-that computation with the same parameters (it is not the official code, which needs Python 3.5/torch 1.1).
+model separately for the changed and the distractor pair, feeding LSTMCells the concatenated inputs at
+every step. ``pipeline.models.duda_reference`` re-expresses exactly that computation with the same parameters (it is not the official code, which needs Python 3.5/torch 1.1).
 The anchor of performance-anchors.md (official DUDA, batch 32, this machine kind): 1.97 s/step,
 16.3 pairs/s, greedy decoding of 32 pairs 0.60 s.
 
@@ -15,39 +15,10 @@ import statistics
 import time
 
 import torch
-import torch.nn.functional as F
 
-from pipeline.models.common import sequence_ce
+from pipeline.models import duda_reference
 from pipeline.models.duda import DUDA
 from pipeline.text import END, START
-
-
-def official_style_loss(m: DUDA, batch):
-    det = m.detector
-
-    def detect(bef, aft):
-        b, _, h, w = bef.shape
-        ys = torch.linspace(-1, 1, h).view(1, 1, h, 1).expand(b, 1, h, w)
-        xs = torch.linspace(-1, 1, w).view(1, 1, 1, w).expand(b, 1, h, w)
-        bef, aft = torch.cat([bef, ys, xs], 1), torch.cat([aft, ys, xs], 1)
-        diff = aft - bef
-
-        def att(x):
-            e = det.embed_rest(F.conv2d(torch.cat([x, diff], 1), det.embed_conv.weight, det.embed_conv.bias))
-            return torch.sigmoid(det.att(e))
-
-        a_b, a_a = att(bef), att(aft)
-        l_b, l_a = (a_b * bef).sum((2, 3)), (a_a * aft).sum((2, 3))
-        return l_b, l_a, l_a - l_b, a_b, a_a
-
-    losses = []
-    for aft, labels in ((batch["sc"], batch["pos_labels"]), (batch["nsc"], batch["neg_labels"])):
-        l_b, l_a, l_d, a_b, a_a = detect(batch["before"], aft)
-        logits, _ = m.speaker(l_b, l_d, l_a, labels)
-        losses.append(sequence_ce(logits, labels[:, 1:]))
-        if aft is batch["sc"]:
-            l1 = (a_b.sum((1, 2, 3)) + a_a.sum((1, 2, 3))).mean()
-    return 0.5 * losses[0] + 0.5 * losses[1] + m.l1_weight * l1
 
 
 def make_batch(b, vocab=76, length=24):
@@ -87,7 +58,7 @@ def main():
     model = DUDA(vocab_size=76)
     batch = make_batch(a.batch)
     ours = time_steps(lambda m, b: m.training_loss(b)[0], model, batch, a.steps)
-    ref = time_steps(official_style_loss, model, batch, a.steps)
+    ref = time_steps(duda_reference.training_loss, model, batch, a.steps)
     print(f"DUDA train step, batch {a.batch}, torch threads {torch.get_num_threads()}")
     print(f"  official formulation : {ref:.3f} s/step  {a.batch / ref:6.1f} pairs/s")
     print(f"  ours                 : {ours:.3f} s/step  {a.batch / ours:6.1f} pairs/s   speed-up x{ref / ours:.2f}")

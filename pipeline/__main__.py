@@ -19,11 +19,18 @@ STAGES: dict[str, tuple[str, str]] = {
     "manifest": ("pipeline.datasets.manifest", "parse a dataset's on-disk layout into the normalised manifest"),
     "extract-features": ("pipeline.features.extract", "extract backbone features of every image to HDF5"),
     "text": ("pipeline.text", "tokenise captions, build the vocabulary, encode labels"),
+    "stanza-models": ("pipeline.pos_tagging", "place stanza's English tokenize,pos models (FDA negatives' tagger)"),
+    "negatives": ("pipeline.negatives", "FDA hard negatives (retrieve / replace / confuse) of every caption"),
+    "pretrain-idc-pcl": ("pipeline.idc_pcl_pretrain", "IDC-PCL pre-training (MLM, MVCL, FDA alternated by batch)"),
     "train": ("pipeline.train", "train a captioning method, selecting the checkpoint on validation"),
     "decode": ("pipeline.decode", "greedy-decode a split with a trained checkpoint"),
+    "aux-retrieval": ("pipeline.aux_retrieval", "composed-query retrieval recall of an auxiliary-task model's TIRG network"),
     "baseline": ("pipeline.baselines", "sanity baselines: most frequent caption, nearest-neighbour retrieval"),
     "evaluate": ("pipeline.evaluate", "score predictions (BLEU, METEOR, ROUGE-L, CIDEr-D, SPICE) overall and by type"),
     "table": ("pipeline.tables", "write a paper table (CSV + Markdown) from run metrics and paper numbers"),
+    "cache-pixels": ("pipeline.features.pixels", "decode and resize every image once to a uint8 pixel file (CLIP4IDC)"),
+    "adapt-clip4idc": ("pipeline.clip4idc_adapt", "CLIP4IDC adaptation: image-pair/text retrieval, selected on validation"),
+    "retrieval-table": ("pipeline.retrieval_tables", "CLIP4IDC retrieval table (CSV + Markdown) from adaptation runs"),
 }
 
 

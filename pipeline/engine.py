@@ -37,6 +37,7 @@ class TrainConfig:
     warmup_steps: int = 0
     grad_clip: float | None = None
     betas: tuple[float, float] = (0.9, 0.999)
+    noam: bool = False  # after the warm-up, lr ∝ 1/√step (the Transformer/Noam schedule; IDC-PCL pre-training)
     extra: dict = field(default_factory=dict)
 
 
@@ -48,6 +49,8 @@ def lr_factor(step: int, cfg: TrainConfig, steps_per_epoch: float) -> float:
     f = 1.0
     if cfg.warmup_steps:
         f *= min(1.0, (step + 1) / cfg.warmup_steps)
+        if cfg.noam:
+            f *= min(1.0, math.sqrt(cfg.warmup_steps / (step + 1)))
     if cfg.lr_step_epochs:
         # Decay applied at the start of each epoch block, as the official DUDA schedule does.
         epoch = math.floor(step / steps_per_epoch)
@@ -75,13 +78,21 @@ def train(model: torch.nn.Module, batch: Callable[[int], dict], validate: Callab
     key = config_hash(identity)
     model.to(device)
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.Adam(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+    # A model may ask for per-part learning rates (e.g. CLIP4IDC: 1e-7 for the CLIP encoder, 1e-4 elsewhere)
+    # with ``param_groups(lr) -> [{"params": [...], "lr": ...}]``; the schedule scales every group alike.
+    groups = model.param_groups(cfg.lr) if hasattr(model, "param_groups") else params
+    # A model may also pass options to Adam (e.g. IDC-PCL: ``{"fused": True}``, one pass over its 17M parameters).
+    opt = torch.optim.Adam(groups, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
+                           **getattr(model, "optimizer_options", {}))
     steps_per_epoch = n_train / cfg.batch_size
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg, steps_per_epoch))
     state = {"step": 0, "best_score": -math.inf, "best_step": None, "history": []}
     if resume_path.exists():
         ck = torch.load(resume_path, map_location="cpu", weights_only=False)
-        if ck.get("key") == key:
+        if ck.get("key") == key and ck["state"]["best_step"] is not None and not best_path.exists():
+            # The selected checkpoint was removed (e.g. `snakemake --forcerun train`): start over.
+            log({"event": "resume state ignored: its selected checkpoint is gone", "path": str(best_path)})
+        elif ck.get("key") == key:
             model.load_state_dict(ck["model"])
             opt.load_state_dict(ck["optimizer"])
             sched.load_state_dict(ck["scheduler"])

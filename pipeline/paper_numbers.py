@@ -225,3 +225,48 @@ def rows(dataset: str, block: str, methods=None, metric: str | None = None) -> l
 def lookup(dataset: str, block: str, method: str, metric: str | None = None) -> PaperRow | None:
     found = rows(dataset, block, [method], metric)
     return found[0] if found else None
+
+
+# ---------------------------------------------------------------- CLIP4IDC adaptation: retrieval, test split
+# Image pair -> text ("P2T") and text -> image pair ("T2P"): R@K in %, median / mean rank as printed.
+# Run ids are the adaptation runs (`pretraining:` blocks): `clip4idc_adapt` (Table 6) and the Table 7 layer
+# splits `clip4idc_adapt_intra{N}_inter{M}` (the adaptation each `clip4idc_frozen_intra{N}_inter{M}` starts from).
+RETRIEVAL_COLUMNS = ("P2T R@1", "P2T R@5", "P2T R@10", "P2T MdR", "P2T MnR",
+                     "T2P R@1", "T2P R@5", "T2P R@10", "T2P MdR", "T2P MnR")
+
+
+@dataclass(frozen=True)
+class RetrievalRow:
+    run: str
+    dataset: str
+    source: str
+    values: dict[str, float | None]
+    label: str = ""
+    note: str = ""
+
+
+def _retrieval_rows() -> list[RetrievalRow]:
+    cc = "clevr_change"
+    out = [RetrievalRow("clip4idc_adapt", cc, f"{CLIP} Table 6 (MdR, MnR: Table 7)",
+                        dict(zip(RETRIEVAL_COLUMNS, (46.4, 83.0, 86.6, 2.0, 39.2, 26.8, 58.7, 70.0, 4.0, 25.6))),
+                        label="CLIP4IDC", note="Table 7's N_intra=9, N_inter=3 row prints T2P R@5 as 58.6")]
+    for n_intra, n_inter, vals in (
+        (6, 6, (46.1, 79.8, 83.9, 2.0, 49.6, 26.4, 57.1, 68.4, 4.0, 29.4)),
+        (7, 5, (46.1, 80.8, 84.5, 2.0, 45.5, 27.0, 57.8, 69.0, 4.0, 28.2)),
+        (8, 4, (47.2, 80.7, 84.4, 2.0, 46.3, 27.7, 58.7, 69.7, 4.0, 29.9)),
+        (9, 3, (46.4, 83.0, 86.6, 2.0, 39.2, 26.8, 58.6, 70.0, 4.0, 25.6)),
+        (10, 2, (37.5, 68.5, 73.9, 2.0, 88.8, 22.9, 52.3, 63.9, 5.0, 54.4)),
+        (11, 1, (24.7, 47.2, 53.3, 7.0, 143.6, 17.8, 40.2, 50.9, 10.0, 84.8)),
+        (12, 0, (2.3, 7.0, 11.8, 182.0, 459.9, 1.1, 3.9, 5.9, 419.0, 716.5)),
+    ):
+        out.append(RetrievalRow(f"clip4idc_adapt_intra{n_intra}_inter{n_inter}", cc, f"{CLIP} Table 7",
+                                dict(zip(RETRIEVAL_COLUMNS, vals)), label=f"N_intra={n_intra}, N_inter={n_inter}"))
+    return out
+
+
+RETRIEVAL_ROWS: tuple[RetrievalRow, ...] = tuple(_retrieval_rows())
+
+
+def retrieval_rows(dataset: str, runs=None) -> list[RetrievalRow]:
+    """Retrieval paper rows of a dataset, in the order above, restricted to ``runs`` when given."""
+    return [r for r in RETRIEVAL_ROWS if r.dataset == dataset and (runs is None or r.run in runs)]

@@ -128,7 +128,9 @@ def run(args: argparse.Namespace) -> None:
         sources = sorted({r["source"] for r in records})
         write_json(run_dir / "run.json", {
             "method": args.method, "dataset": args.dataset, "seed": args.seed, "kind": "reproduced",
-            "source": ",".join(sources), "backbone": store.attrs.get("backbone"), "weights": store.attrs.get("weights"),
+            "source": ",".join(sources), "backbone": store.attrs.get("backbone"),
+            # a model that holds its own pretrained network (CLIP4IDC) names its weights; else the features'
+            "weights": getattr(model, "weights_identity", None) or store.attrs.get("weights"),
             "selected_step": summary["best_step"], "val_CIDEr": summary["best_score"],
             "selection": "greedy decoding, validation CIDEr-D", "train_seconds": round(time.time() - t0, 1),
             "steps_per_s": round(summary["steps_per_s"], 3), "device": device.type,

@@ -60,6 +60,9 @@ def sanity_backbone(dataset):
 # (patterns use {dataset}, {method}, {seed}). Rules of two-network methods register theirs here,
 # e.g. EXTRA_METRICS["duda_aux"] = {"retrieval": "results/{dataset}/{method}/seed{seed}/retrieval_test.json"}.
 EXTRA_METRICS = {}
+# DUDA + TIRG auxiliary task (rules/aux.smk): retrieval recall of the auxiliary network on the test split.
+EXTRA_METRICS["duda_aux"] = {"retrieval": "results/{dataset}/{method}/seed{seed}/retrieval_test.json"}
+EXTRA_METRICS["duda_aux_easy"] = {"retrieval": "results/{dataset}/{method}/seed{seed}/retrieval_test.json"}
 
 
 def extra_metrics(w):

@@ -1,25 +1,8 @@
 import torch
-import torch.nn.functional as F
 
+from pipeline.models import duda_reference as reference
 from pipeline.models.duda import DUDA, ChangeDetector
 from pipeline.text import END, START
-
-
-def naive_detector(det: ChangeDetector, bef, aft):
-    """The official formulation: concatenate coordinates, then a 1x1 conv over [X; X_diff]."""
-    b, _, h, w = bef.shape
-    ys = torch.linspace(-1, 1, h).view(1, 1, h, 1).expand(b, 1, h, w)
-    xs = torch.linspace(-1, 1, w).view(1, 1, 1, w).expand(b, 1, h, w)
-    bef, aft = torch.cat([bef, ys, xs], 1), torch.cat([aft, ys, xs], 1)
-    diff = aft - bef
-
-    def att(x):
-        e = det.embed_rest(F.conv2d(torch.cat([x, diff], 1), det.embed_conv.weight, det.embed_conv.bias))
-        return torch.sigmoid(det.att(e))
-
-    a_b, a_a = att(bef), att(aft)
-    l_b, l_a = (a_b * bef).sum((2, 3)), (a_a * aft).sum((2, 3))
-    return l_b, l_a, l_a - l_b, a_b, a_a
 
 
 def test_detector_equals_official_concatenated_conv():
@@ -28,7 +11,7 @@ def test_detector_equals_official_concatenated_conv():
     bef, sc, nsc = (torch.randn(3, 16, 5, 4) for _ in range(3))
     fast = det(bef, [sc, nsc])
     for aft, got in zip([sc, nsc], fast):
-        want = naive_detector(det, bef, aft)
+        want = reference.detector(det, bef, aft)
         for g, w in zip(got, want):
             torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
 
@@ -86,3 +69,24 @@ def test_learns_to_copy_a_caption_and_greedy_stops_at_end():
     want = batch["pos_labels"][:, 1:6]  # four words then <END>
     assert torch.equal(out[:, :5], want)
     assert (out[:, 5:] == 0).all()  # nothing after <END>
+
+
+def test_speaker_equals_plain_lstm_cells_fed_the_concatenations():
+    """The precomputed input projections are an optimisation only: compare with nn.LSTMCell calls."""
+    torch.manual_seed(0)
+    m = tiny().eval()
+    sp = m.speaker
+    batch = small_batch()
+    l_bef, l_aft, l_diff, _, _ = m.detector(batch["before"], [batch["sc"]])[0]
+    labels = batch["pos_labels"]
+    got, got_alpha = sp(l_bef, l_diff, l_aft, labels)
+    want, want_alpha = reference.speaker(sp, l_bef, l_diff, l_aft, labels)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got_alpha, want_alpha, rtol=1e-4, atol=1e-6)
+
+
+def test_training_loss_equals_the_official_formulation():
+    torch.manual_seed(0)
+    m = tiny(l1_weight=0.01).eval()
+    batch = small_batch()
+    torch.testing.assert_close(m.training_loss(batch)[0], reference.training_loss(m, batch), rtol=1e-5, atol=1e-6)

@@ -60,3 +60,12 @@ def test_step_schedule_decays_at_epoch_blocks():
     assert lr_factor(int(15 * spe) - 1, cfg, spe) == 1.0
     assert abs(lr_factor(int(15 * spe) + 1, cfg, spe) - 0.1) < 1e-12
     assert abs(lr_factor(int(30 * spe) + 1, cfg, spe) - 0.01) < 1e-12
+
+
+def test_resume_without_the_selected_checkpoint_starts_over(tmp_path):
+    full, _ = run(tmp_path / "a")
+    run(tmp_path / "b")
+    (tmp_path / "b" / "checkpoint.pt").unlink()  # what `snakemake --forcerun train` does to the outputs
+    again, summary = run(tmp_path / "b")
+    assert summary["finished"] and (tmp_path / "b" / "checkpoint.pt").exists()
+    assert all(torch.equal(p, q) for p, q in zip(full.state_dict().values(), again.state_dict().values()))

@@ -178,7 +178,7 @@ def test_bn_folding_matches_eval_model():
 
 def test_layer3_output_is_1024x14x14_at_224():
     model = backbones.build_backbone("resnet101_layer3")  # full depth
-    backbones.init_random_(model, 0, calibrate=False)
+    backbones.init_random_(model, 0, torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0)))
     out = backbones.Extractor.from_model(model)(torch.zeros(1, 3, 224, 224))
     assert tuple(out.shape) == (1, 1024, 14, 14)
     assert backbones.get_spec("resnet101_layer3").output_shape(224) == (1024, 14, 14)
@@ -237,15 +237,18 @@ def test_hdf5_round_trip_through_the_stage(tmp_path):
         assert store.keys == keys and len(store) == 5 and keys[0] in store and "nope" not in store
         assert store.shape == (1024, 4, 4)
         a = store.attrs
-        assert a["backbone"] == "resnet101_layer3" and a["layer"] == "layer3" and a["weights"] == "random(seed=3)"
+        assert a["backbone"] == "resnet101_layer3" and a["layer"] == "layer3" and a["weights"] == (
+            "random(seed=3, BN calibrated on 5 dataset images, mean scaled to 0.5)")
         assert a["input_size"] == 64 and a["dtype"] == "float16" and a["complete"] is True
         assert a["mean"] == pytest.approx(MEAN) and a["std"] == pytest.approx(STD) and a["code_version"]
         # values: the same trunk run directly on the same images
         model = backbones.build_backbone("resnet101_layer3")
-        backbones.init_random_(model, 3)
         pix = torch.from_numpy(np.stack([load_image(raw / k, 64, MEAN, STD) for k in keys]))
+        backbones.init_random_(model, 3, calibration=pix)  # 5 images: all of them are the calibration sample
         ref = backbones.Extractor.from_model(model)(pix).numpy()
+        ref *= 0.5 / ref.mean()  # the random backbone's output scale: mean activation 0.5 on the sample
         got = store.get_many(keys)
+        assert abs(got.mean() - 0.5) < 1e-3
         assert got.dtype == np.float32 and got.shape == (5, 1024, 4, 4)
         np.testing.assert_allclose(got, ref, rtol=2e-3, atol=2e-3 * np.abs(ref).max())
         np.testing.assert_array_equal(store.get(keys[3]), got[3])
@@ -495,3 +498,19 @@ def test_resolve_weights_policy(tmp_path, server, monkeypatch):
     r = weights.resolve_weights("imagenet", tmp_path / "w2")
     assert r.identity == f"sha256:{digest}" and r.path == tmp_path / "w2" / "fake.pth"
     assert r.path.read_bytes() == server.payload
+
+
+def test_batchnorm_calibration_normalises_the_calibration_batch():
+    """After calibration every BatchNorm maps its input on that batch to zero mean and unit variance."""
+    model = backbones.init_random_(backbones.build_backbone("resnet101_layer3", depths=SHALLOW3), 0)
+    pixels = torch.rand(3, 3, 48, 48, generator=torch.Generator().manual_seed(1)) * 4 - 2
+    backbones.calibrate_batchnorm_(model, pixels)
+    bn = next(m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d))
+    seen = {}
+    bn.register_forward_hook(lambda mod, inp, out: seen.setdefault("out", out))
+    model.eval()
+    with torch.no_grad():
+        backbones.forward_features(model, pixels)
+    out = seen["out"]
+    torch.testing.assert_close(out.mean((0, 2, 3)), torch.zeros(out.shape[1]), atol=1e-4, rtol=0)
+    torch.testing.assert_close(out.var((0, 2, 3), unbiased=False), torch.ones(out.shape[1]), atol=1e-3, rtol=0)

@@ -108,15 +108,16 @@ def forward_features(model: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------------------------- init
-def init_random_(model: nn.Module, seed: int, calibrate: bool = True) -> nn.Module:
+def init_random_(model: nn.Module, seed: int, calibration: torch.Tensor | None = None) -> nn.Module:
     """Seeded random init, independent of transformers' init code (so it does not change between versions).
 
     Conv weights are Kaiming-normal (fan_out, ReLU) as torchvision's, BatchNorm γ=1, β=0. With identity
     BatchNorm statistics a random ResNet-101 grows its activations to ~1e4-1e5 at layer3/layer4 (beyond
-    float16), so by default the BatchNorm running statistics are then calibrated, data-free, on a seeded
-    Gaussian noise batch (4×3×128×128, the scale of ImageNet-normalised pixels): every BN normalises its
-    input to zero mean and unit variance on that batch, and the features stay O(1). Deterministic for a
-    seed on a given machine (CPU).
+    float16), so the BatchNorm running statistics are then calibrated (:func:`calibrate_batchnorm_`) on
+    ``calibration``, a batch of normalised images — the extract stage passes a fixed sample of the
+    dataset's own images, which gives layer3 features of mean ≈ 3, std ≈ 4 on CLEVR-like renders. Without
+    it, a seeded Gaussian noise batch is used (data-free; on smooth rendered images this leaves the features
+    ~100× larger: fine for tests, not for training). Deterministic for a seed on a given machine (CPU).
     """
     gen = torch.Generator(device="cpu")
     gen.manual_seed(int(seed))
@@ -136,19 +137,26 @@ def init_random_(model: nn.Module, seed: int, calibrate: bool = True) -> nn.Modu
                 module.running_var.fill_(1.0)
                 if module.num_batches_tracked is not None:
                     module.num_batches_tracked.zero_()
-        if calibrate:
-            noise = torch.randn((4, 3, 128, 128), generator=gen, dtype=torch.float32)
-            bns = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
-            saved = [(m.momentum, m.training) for m in bns]
-            for m in bns:
-                m.momentum = None  # cumulative average: one batch → exactly its statistics
-                m.train()
-            device = next(model.parameters()).device
-            forward_features(model, noise.to(device))
-            for m, (momentum, training) in zip(bns, saved):
-                m.momentum = momentum
-                m.train(training)
-                m.num_batches_tracked.zero_()
+    if calibration is None:
+        calibration = torch.randn((4, 3, 128, 128), generator=gen, dtype=torch.float32)
+    return calibrate_batchnorm_(model, calibration)
+
+
+def calibrate_batchnorm_(model: nn.Module, pixels: torch.Tensor) -> nn.Module:
+    """Set every BatchNorm's running statistics to those of its input on ``pixels`` (one batch), so each
+    normalises that batch to zero mean and unit variance."""
+    bns = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
+    saved = [(m.momentum, m.training) for m in bns]
+    for m in bns:
+        m.momentum = None  # cumulative average: one batch → exactly its statistics
+        m.train()
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        forward_features(model, pixels.to(device))
+    for m, (momentum, training) in zip(bns, saved):
+        m.momentum = momentum
+        m.train(training)
+        m.num_batches_tracked.zero_()
     return model
 
 
@@ -309,9 +317,10 @@ class Extractor:
     """
 
     def __init__(self, model: nn.Module, device: torch.device | str = "cpu", autocast: bool | None = None,
-                 micro_batch: int | None = None):
+                 micro_batch: int | None = None, output_scale: float = 1.0):
         self.device = torch.device(device)
         self.model = model
+        self.output_scale = float(output_scale)  # random backbones only: see pipeline.features.extract
         self.autocast = (self.device.type == "cuda") if autocast is None else autocast
         if micro_batch is None:
             micro_batch = CPU_MICRO_BATCH if self.device.type == "cpu" else 0
@@ -328,7 +337,8 @@ class Extractor:
                 y = forward_features(self.model, x)
         else:
             y = forward_features(self.model, x)
-        return y.float().contiguous().cpu()
+        y = y.float().contiguous().cpu()
+        return y * self.output_scale if self.output_scale != 1.0 else y
 
     def __call__(self, pixels: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode():

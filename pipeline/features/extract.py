@@ -18,6 +18,7 @@ renamed onto ``<out>``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import collections
 import concurrent.futures
 import functools
@@ -103,8 +104,22 @@ def run(args: argparse.Namespace) -> None:
     resolved = weights_mod.resolve_weights(args.weights, args.weights_dir, seed=args.seed,
                                            download_ok=not args.no_download)
     model = backbones.build_backbone(args.backbone)
-    weights_mod.apply_weights(model, resolved)
-    extractor = backbones.Extractor.from_model(model, device)
+    calibration, scale = None, 1.0
+    if resolved.kind == "random":
+        # A random backbone stands in for the ImageNet one: its BatchNorm statistics come from a fixed sample
+        # of this dataset's images, and its output is scaled so that the sample's mean activation is that of
+        # an ImageNet ResNet (RANDOM_FEATURE_MEAN). Unscaled, layer3 features average ~3 (~200 with data-free
+        # calibration), and DUDA's sum-pooled vectors saturate its LSTMs for hundreds of steps.
+        picks = sorted({keys[int(i)] for i in np.linspace(0, len(keys) - 1, min(CALIBRATION_IMAGES, len(keys)))})
+        calibration = torch.from_numpy(np.stack([load_image(raw_dir / k, args.image_size, args.mean, args.std)
+                                                 for k in picks]))
+        weights_mod.apply_weights(model, resolved, calibration)
+        scale = RANDOM_FEATURE_MEAN / float(backbones.Extractor.from_model(model, device)(calibration).mean())
+        resolved = dataclasses.replace(resolved, identity=f"{resolved.identity[:-1]}, BN calibrated on "
+                                       f"{len(picks)} dataset images, mean scaled to {RANDOM_FEATURE_MEAN})")
+    else:
+        weights_mod.apply_weights(model, resolved)
+    extractor = backbones.Extractor.from_model(model, device, output_scale=scale)
     del model
 
     settings = FeatureSettings(
@@ -119,6 +134,10 @@ def run(args: argparse.Namespace) -> None:
                     progress=not args.no_progress)
     dt = time.perf_counter() - t0
     print(f"wrote {args.out} ({len(keys)} images, {dt:.1f} s)", flush=True)
+
+
+CALIBRATION_IMAGES = 16
+RANDOM_FEATURE_MEAN = 0.5  # typical mean activation of an ImageNet ResNet-101 after layer3/layer4
 
 
 def _weights_name(spec: str) -> str:

@@ -105,12 +105,13 @@ def load_state_dict_file(path: str | os.PathLike):
         raise PipelineError(f"{path}: {e}") from None
 
 
-def apply_weights(model, resolved: ResolvedWeights):
-    """Set ``model``'s (a truncated transformers ResNet) weights from a resolved ``weights`` setting."""
+def apply_weights(model, resolved: ResolvedWeights, calibration=None):
+    """Set ``model``'s (a truncated transformers ResNet) weights from a resolved ``weights`` setting;
+    ``calibration`` (random weights only): the image batch BatchNorm statistics are calibrated on."""
     from pipeline.features.backbones import init_random_, load_torchvision_state_dict
 
     if resolved.kind == "random":
-        return init_random_(model, 0 if resolved.seed is None else resolved.seed)
+        return init_random_(model, 0 if resolved.seed is None else resolved.seed, calibration)
     state = load_state_dict_file(resolved.path)
     return load_torchvision_state_dict(model, state, source=str(resolved.path))
 

@@ -7,6 +7,28 @@ import importlib
 # method id -> (module, class name)
 REGISTRY: dict[str, tuple[str, str]] = {
     "duda": ("pipeline.models.duda", "DUDA"),
+    # DUDA trained with the TIRG auxiliary task; the two ids differ only in `model.candidates` (config).
+    "duda_aux": ("pipeline.models.aux_training", "AuxiliaryTraining"),
+    "duda_aux_easy": ("pipeline.models.aux_training", "AuxiliaryTraining"),
+    # IDC-PCL and the variants of its Table 4: one class; pre-training run (`init_from`) and `model:` differ.
+    **{m: ("pipeline.models.idc_pcl", "IDCPCL") for m in
+       ("idc_pcl", "idc_pcl_no_pretrain", "idc_pcl_mlm", "idc_pcl_mlm_mvcl", "idc_pcl_no_de", "idc_pcl_no_dj")},
+    # CLIP4IDC and its CLIP-FT baseline and ablations: one class, the variant set by `model:` (config).
+    "clip_ft": ("pipeline.models.clip4idc", "CLIP4IDC"),
+    "clip4idc": ("pipeline.models.clip4idc", "CLIP4IDC"),
+    "clip4idc_no_adapt": ("pipeline.models.clip4idc", "CLIP4IDC"),
+    **{f"clip4idc_frozen_intra{n}_inter{12 - n}": ("pipeline.models.clip4idc", "CLIP4IDC") for n in range(6, 13)},
+    # SCORER + CBR and the ablations of its Table 6: one class per variant (the variant is not a config knob).
+    "subtraction": ("pipeline.models.scorer", "Subtraction"),
+    "rr": ("pipeline.models.scorer", "RR"),
+    "rr_cbr": ("pipeline.models.scorer", "RRCBR"),
+    "scorer": ("pipeline.models.scorer", "SCORER"),
+    "scorer_cbr": ("pipeline.models.scorer", "SCORERCBR"),
+    # DIRL + CCR and the ablations of its Table 6 ("Transformer + DIRL" is `dirl`).
+    "transformer": ("pipeline.models.dirl", "Transformer"),
+    "dirl": ("pipeline.models.dirl", "DIRL"),
+    "transformer_ccr": ("pipeline.models.dirl", "TransformerCCR"),
+    "dirl_ccr": ("pipeline.models.dirl", "DIRLCCR"),
 }
 
 

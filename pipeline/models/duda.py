@@ -78,58 +78,78 @@ class ChangeDetector(nn.Module):
         return outs
 
 
+def lstm_gates_step(gates_x: torch.Tensor, h: torch.Tensor, c: torch.Tensor, cell: nn.LSTMCell):
+    """``nn.LSTMCell`` with its input projection (``gates_x`` = W_ih·x + b_ih) computed by the caller."""
+    gates = gates_x + F.linear(h, cell.weight_hh, cell.bias_hh)
+    i, f, g, o = gates.chunk(4, 1)  # PyTorch's gate order
+    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    return torch.sigmoid(o) * torch.tanh(c), c
+
+
 class DynamicSpeaker(nn.Module):
+    """Attention LSTM + dynamic attention over {l_bef, l_diff, l_aft} + caption LSTM.
+
+    The LSTM input projections are split by input part: the feature embedding u is constant over time
+    and the words are known under teacher forcing, so W·u, W·E(words) and W·l_i (for the three features,
+    mixed by the step's attention weights α since W·Σα_i l_i = Σα_i W·l_i) are computed once per sequence
+    instead of once per step. Same parameters and function as two ``nn.LSTMCell``s fed the concatenations.
+    """
+
     def __init__(self, feat_dim: int, vocab_size: int, embed_dim: int = 300, hidden: int = 512,
                  att_hidden: int = 512, dropout: float = 0.5):
         super().__init__()
-        self.hidden = hidden
+        self.hidden, self.embed_dim = hidden, embed_dim
         self.embed_feats = nn.Sequential(nn.Linear(3 * feat_dim, hidden), nn.ReLU(), nn.Dropout(dropout))
-        self.att_lstm = nn.LSTMCell(2 * hidden, hidden)
+        self.att_lstm = nn.LSTMCell(2 * hidden, hidden)  # input [u; h_lang]
         self.dyn_att = nn.Sequential(nn.Linear(2 * hidden, att_hidden), nn.ReLU(), nn.Linear(att_hidden, 3))
         self.word_embed = nn.Sequential(nn.Embedding(vocab_size, embed_dim), nn.ReLU(), nn.Dropout(dropout))
-        self.lang_lstm = nn.LSTMCell(embed_dim + feat_dim, hidden)
+        self.lang_lstm = nn.LSTMCell(embed_dim + feat_dim, hidden)  # input [E(w); l_dyn]
         self.drop = nn.Dropout(dropout)
         self.logit = nn.Linear(hidden, vocab_size)
 
-    def init_state(self, b: int, ref: torch.Tensor):
-        z = ref.new_zeros(b, self.hidden)
-        return (z, z), (z, z)
+    def _prepare(self, l_bef, l_diff, l_aft):
+        feats = torch.stack([l_bef, l_diff, l_aft], 1)  # [B, 3, D]
+        u = self.embed_feats(feats.flatten(1))
+        h = self.hidden
+        att_u = F.linear(u, self.att_lstm.weight_ih[:, :h], self.att_lstm.bias_ih)  # [B, 4H]
+        lang_f = F.linear(feats, self.lang_lstm.weight_ih[:, self.embed_dim:])  # [B, 3, 4H]
+        z = u.new_zeros(u.size(0), h)
+        return u, att_u, lang_f, ((z, z), (z, z))
 
-    def step(self, feats, u, word, state):
-        """One time step. ``feats`` = stack(l_bef, l_diff, l_aft) [B, 3, D]; ``u`` their embedding."""
+    def _step(self, u, att_u, lang_f, lang_w, state):
+        """One step given the word's input projection ``lang_w`` = W_w·E(w) + b_ih."""
         (h_a, c_a), (h_l, c_l) = state
-        h_a, c_a = self.att_lstm(torch.cat([u, h_l], 1), (h_a, c_a))
+        h = self.hidden
+        h_a, c_a = lstm_gates_step(att_u + F.linear(h_l, self.att_lstm.weight_ih[:, h:]), h_a, c_a, self.att_lstm)
         alpha = F.softmax(self.dyn_att(torch.cat([u, h_a], 1)), dim=1)  # [B, 3]
-        l_dyn = (alpha.unsqueeze(2) * feats).sum(1)
-        h_l, c_l = self.lang_lstm(torch.cat([self.word_embed(word), l_dyn], 1), (h_l, c_l))
-        logits = self.logit(self.drop(h_l))
-        return logits, alpha, ((h_a, c_a), (h_l, c_l))
+        gates_x = lang_w + (alpha.unsqueeze(2) * lang_f).sum(1)
+        h_l, c_l = lstm_gates_step(gates_x, h_l, c_l, self.lang_lstm)
+        return self.logit(self.drop(h_l)), alpha, ((h_a, c_a), (h_l, c_l))
+
+    def _word_proj(self, emb):
+        return F.linear(emb, self.lang_lstm.weight_ih[:, :self.embed_dim], self.lang_lstm.bias_ih)
 
     def forward(self, l_bef, l_diff, l_aft, labels):
         """Teacher forcing: logits for positions 1..L-1 of ``labels`` (which start with <START>)."""
-        feats = torch.stack([l_bef, l_diff, l_aft], 1)
-        u = self.embed_feats(feats.flatten(1))
-        state = self.init_state(labels.size(0), l_bef)
+        u, att_u, lang_f, state = self._prepare(l_bef, l_diff, l_aft)
+        lang_w = self._word_proj(self.word_embed(labels[:, :-1]))  # [B, L-1, 4H], one matmul
         logits, alphas = [], []
         for t in range(labels.size(1) - 1):
-            lg, a, state = self.step(feats, u, labels[:, t], state)
+            lg, a, state = self._step(u, att_u, lang_f, lang_w[:, t], state)
             logits.append(lg)
             alphas.append(a)
         return torch.stack(logits, 1), torch.stack(alphas, 1)
 
     @torch.no_grad()
     def greedy(self, l_bef, l_diff, l_aft, max_len: int):
-        feats = torch.stack([l_bef, l_diff, l_aft], 1)
-        u = self.embed_feats(feats.flatten(1))
+        u, att_u, lang_f, state = self._prepare(l_bef, l_diff, l_aft)
         b = l_bef.size(0)
-        state = self.init_state(b, l_bef)
         word = torch.full((b,), START, dtype=torch.long, device=l_bef.device)
         out = torch.zeros(b, max_len, dtype=torch.long, device=l_bef.device)
         done = torch.zeros(b, dtype=torch.bool, device=l_bef.device)
         for t in range(max_len):
-            lg, _, state = self.step(feats, u, word, state)
-            word = lg.argmax(1)
-            word = word.masked_fill(done, 0)
+            lg, _, state = self._step(u, att_u, lang_f, self._word_proj(self.word_embed(word)), state)
+            word = lg.argmax(1).masked_fill(done, 0)
             out[:, t] = word
             done |= word == END
             if done.all():

@@ -1,0 +1,110 @@
+"""Attention building blocks shared by the transformer methods (SCORER, DIRL and their ablations).
+
+- ``MultiHeadAttention``: the standard multi-head attention (Vaswani et al.), q/k/v and output projections,
+  computed with ``F.scaled_dot_product_attention`` (fused kernels on GPU, flash attention on CPU), dropout on
+  the attention probabilities as in the official code.
+- ``GridEmbedding``: Eq. (1) of both papers: a 1×1 convolution of the CNN grid to ``dim`` channels plus a
+  learned position embedding (row and column tables of ``dim/2`` each, concatenated, as in the official code).
+- ``CrossViewLayer``: one layer of cross-view attention between the two images of a pair: the before tokens
+  attend to the after tokens and vice versa with the *same* layer (both official codes share it), followed
+  by the residual connection and LayerNorm.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class MultiHeadAttention(nn.Module):
+    def __init__(self, dim: int, heads: int, dropout: float = 0.1, bias: bool = True):
+        super().__init__()
+        if dim % heads:
+            raise ValueError(f"attention dim {dim} is not a multiple of {heads} heads")
+        self.dim, self.heads, self.dropout = dim, heads, dropout
+        self.in_proj = nn.Linear(dim, 3 * dim, bias=bias)  # q | k | v, as nn.MultiheadAttention
+        self.out_proj = nn.Linear(dim, dim, bias=bias)
+
+    def split(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, L, D] -> [B, h, L, D/h]."""
+        b, n, _ = x.shape
+        return x.view(b, n, self.heads, -1).transpose(1, 2)
+
+    def project_q(self, x):
+        return self.split(F.linear(x, self.in_proj.weight[:self.dim], _part(self.in_proj.bias, 0, self.dim)))
+
+    def project_kv(self, x):
+        kv = F.linear(x, self.in_proj.weight[self.dim:], _part(self.in_proj.bias, self.dim, 3 * self.dim))
+        k, v = kv.chunk(2, dim=-1)
+        return self.split(k), self.split(v)
+
+    def project_qkv(self, x):
+        q, k, v = self.in_proj(x).chunk(3, dim=-1)
+        return self.split(q), self.split(k), self.split(v)
+
+    def attend(self, q, k, v, causal: bool = False) -> torch.Tensor:
+        """Heads [B, h, L, d] in, merged and projected [B, L, D] out."""
+        p = self.dropout if self.training else 0.0
+        a = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal)
+        b, _, n, _ = a.shape
+        return self.out_proj(a.transpose(1, 2).reshape(b, n, self.dim))
+
+    def forward(self, x_q, x_kv=None, causal: bool = False):
+        if x_kv is None:
+            return self.attend(*self.project_qkv(x_q), causal=causal)
+        return self.attend(self.project_q(x_q), *self.project_kv(x_kv), causal=causal)
+
+
+def _part(bias, lo, hi):
+    return None if bias is None else bias[lo:hi]
+
+
+class GridEmbedding(nn.Module):
+    """CNN grid [B, C, H, W] -> tokens [B, H*W, dim]: 1×1 conv (a per-location linear map) + learned positions."""
+
+    def __init__(self, feat_dim: int, dim: int, grid: int = 14):
+        super().__init__()
+        if dim % 2:
+            raise ValueError(f"embedding dim {dim} must be even (row and column halves)")
+        self.grid = grid
+        self.proj = nn.Linear(feat_dim, dim)
+        self.col_embed = nn.Embedding(grid, dim // 2)
+        self.row_embed = nn.Embedding(grid, dim // 2)
+
+    def positions(self, h: int, w: int) -> torch.Tensor:
+        if h > self.grid or w > self.grid:
+            raise ValueError(f"feature grid {h}x{w} exceeds the position tables ({self.grid}x{self.grid}); set model.grid")
+        cols = self.col_embed.weight[:w].unsqueeze(0).expand(h, w, -1)
+        rows = self.row_embed.weight[:h].unsqueeze(1).expand(h, w, -1)
+        return torch.cat([cols, rows], -1).reshape(h * w, -1)  # [H*W, dim], row-major like .flatten(2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _, _, h, w = x.shape
+        return self.proj(x.flatten(2).transpose(1, 2)) + self.positions(h, w)
+
+
+class CrossViewLayer(nn.Module):
+    """``bef' = LN(bef + MHCA(bef, aft, aft))`` and ``aft' = LN(aft + MHCA(aft, bef, bef))`` with one layer.
+
+    Both directions use the inputs of the layer (the official SCORER code keeps the previous ``bef`` for the
+    second direction, DIRL updates both at once: the same computation). ``out_dropout`` is the dropout on the
+    attention output before the residual (DIRL: 0.1; SCORER's official layer has none).
+    """
+
+    def __init__(self, dim: int, heads: int, dropout: float = 0.1, out_dropout: float = 0.0):
+        super().__init__()
+        self.attn = MultiHeadAttention(dim, heads, dropout)
+        self.norm = nn.LayerNorm(dim)
+        self.drop = nn.Dropout(out_dropout)
+
+    def forward(self, bef: torch.Tensor, aft: torch.Tensor, return_qk: bool = False):
+        b = bef.size(0)
+        x = torch.cat([bef, aft])  # queries: before then after
+        q, k, v = self.attn.project_qkv(x)
+        # Keys and values come from the other image of the pair: swap the two halves.
+        k_sw, v_sw = torch.cat([k[b:], k[:b]]), torch.cat([v[b:], v[:b]])
+        y = self.norm(x + self.drop(self.attn.attend(q, k_sw, v_sw)))
+        out = (y[:b], y[b:])
+        # q and k per head [2B, h, N, d] (before rows first), reused by SCORER's token-wise matching.
+        return out + (q, k) if return_qk else out

@@ -1,0 +1,480 @@
+"""IDC-PCL (Yao et al., AAAI 2022): a single-stream transformer pre-trained for image difference captioning.
+
+Input (§2.1): the 49 grid features of each image (ResNet-101 ``layer4``, 2048×7×7, flattened) projected to
+the hidden size (linear layer; the official code follows it with a sigmoid, kept here), each image led by its
+special token [IMG1] / [IMG2]; the caption led by [CLS]. Every token gets a fixed sinusoidal position within
+its own modality and a learned type embedding (img1 / img2 / text), then LayerNorm and dropout.
+
+Image difference encoder: a single-image encoder (shared by both images) then a pair-image encoder over
+[IMG1, img1, IMG2, img2]; cross-modal transformer over [visual tokens, CLS, caption]. Hidden 512, 8 heads,
+FFN 2048, dropout 0.2, 1 + 1 + 3 layers (appendix Table 6). Where the paper is silent the official code is
+followed: pre-LN layers behind one input LayerNorm per stack, ReLU feed-forward, dropout on the embeddings,
+the attention probabilities, the FFN's hidden layer and both residual branches, a linear output layer.
+``difference_encoder=False`` feeds the embedded image tokens straight to the cross-modal transformer
+(Table 4, line 5).
+
+Cost (exact, same numbers): captions are cut to the batch's longest one; the last cross-modal layer computes
+only the positions a loss reads (masked words, masked cells, [IMG1]/[IMG2]/[CLS]; all positions still serve
+as its keys and values); on a CPU dropout masks come from 15 random bits per element instead of a 64-bit
+draw, fused with the ReLU of the feed-forward layer.
+
+Pre-training (§2.2; bidirectional attention, caption padding masked), one task per batch:
+- MLM: 15 % of the caption's tokens (words and the end token, at least one), 80 % → [MASK], 10 % → a random
+  word, 10 % kept; cross-entropy on them (the linear output layer, shared with fine-tuning).
+- MVCL: 15 % of *one* image's grid cells (at least one; the image chosen per sample) are zeroed before the
+  projection; the outputs at those cells are mapped back to feature space (tied to the projection) and
+  scored by an NCE (eq. 8): cosine / τ against the cell's original feature (positive) and the original
+  features of the unmasked cells of the masked images of the batch (negatives). The official code uses the
+  *predicted* features at unmasked cells as negatives; the paper's "unmasked image features" is followed.
+- FDA: the global visual representation mean([IMG1], [IMG2]) and the textual one [CLS] from the output,
+  cosine / τ over the positive caption and its constructed negatives (``pipeline.negatives``), cross-entropy
+  with the positive as target (eq. 9). The image difference encoder runs once per pair (as the official
+  code), its output repeated for the pair's 1 + K captions.
+
+Fine-tuning (§2.3, §3.1): UniLM-style sequence-to-sequence mask: visual tokens attend to visual tokens,
+caption tokens to all visual tokens and causally to the caption. Caption tokens are masked as in MLM and
+predicted under that mask; the distractor-judging classifier on [IMG1; IMG2] (changed = 1, distractor = 0)
+is added unweighted (``distractor_judging=False``: Table 4, line 6). Each batch holds a changed and a
+distractor pair per index; the before image is encoded once for both.
+Inference: [CLS] [BOS] w1 … w_{t-1} [MASK], the word predicted at [MASK] is taken (greedy). Visual states and
+the caption tokens' keys/values are cached: caption tokens only ever attend backwards, so each step runs
+only the newest word and the [MASK] through the cross-modal layers, with the same result as re-running all.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from pipeline.models.common import CaptionModel
+from pipeline.text import END, START
+
+TASKS = ("mlm", "mvcl", "fda")
+FIRST_WORD = 4  # ids below are <NULL> <UNK> <START> <END>
+
+
+def sinusoid(n: int, d: int) -> torch.Tensor:
+    """The fixed positional embeddings of Vaswani et al. (2017): [n, d]."""
+    pos = torch.arange(n, dtype=torch.float32).unsqueeze(1)
+    div = torch.exp(torch.arange(0, d, 2, dtype=torch.float32) * (-math.log(10000.0) / d))
+    pe = torch.zeros(n, d)
+    pe[:, 0::2] = torch.sin(pos * div)
+    pe[:, 1::2] = torch.cos(pos * div)
+    return pe
+
+
+def keep_mask(shape, p: float, device) -> torch.Tensor:
+    """Dropout's keep mask from 16 random bits per element (keep probability 1 − round(65536·p)/65536).
+
+    ``bernoulli_`` draws one 64-bit number per element and dominates a CPU training step; the four 16-bit
+    lanes of one 64-bit draw give the same mask distribution (to 1e-5) at a quarter of the draws.
+    """
+    n = math.prod(shape)
+    bits = torch.randint(-2**63, 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64, device=device)
+    return (bits.view(torch.int16)[:n] >= round(p * 65536) - 32768).view(shape)
+
+
+class _Dropout(torch.autograd.Function):
+    """y = x · mask · s (s = 1 / (1 − p)), saving only the boolean mask for the backward pass."""
+
+    @staticmethod
+    def forward(ctx, x, mask, scale: float):
+        ctx.save_for_backward(mask)
+        ctx.scale = scale
+        return torch.mul(x, mask).mul_(scale)
+
+    @staticmethod
+    def backward(ctx, g):
+        (mask,) = ctx.saved_tensors
+        return torch.mul(g, mask).mul_(ctx.scale), None, None
+
+
+class _ReluDropout(torch.autograd.Function):
+    """y = relu(x) · mask · s in three in-place passes; the backward pass needs only y (y > 0 ⇔ kept and x > 0),
+    which the next linear layer keeps anyway."""
+
+    @staticmethod
+    def forward(ctx, x, mask, scale: float):
+        y = torch.mul(x, mask).clamp_min_(0.0).mul_(scale)
+        ctx.save_for_backward(y)
+        ctx.scale = scale
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        return torch.mul(g, y > 0).mul_(ctx.scale), None, None
+
+
+def dropout(x: torch.Tensor, p: float, training: bool, relu: bool = False) -> torch.Tensor:
+    """Dropout (inverted scaling); ``relu=True`` applies ReLU first, fused with the mask on a CPU."""
+    if not training or p == 0.0:
+        return F.relu(x) if relu else x
+    if x.is_cuda:  # the GPU's fused dropout is cheap
+        return F.dropout(F.relu(x) if relu else x, p, True)
+    mask = keep_mask(x.shape, p, x.device)
+    return (_ReluDropout if relu else _Dropout).apply(x, mask, 1.0 / (1.0 - p))
+
+
+def attention(q, k, v, mask, p: float, training: bool) -> torch.Tensor:
+    """Multi-head attention with dropout on the attention probabilities (``mask``: True = may attend).
+
+    Fused ``scaled_dot_product_attention`` wherever it applies (inference, and training on CUDA); on a CPU
+    with dropout the probabilities are materialised so the cheap dropout above can be used."""
+    if not training or p == 0.0 or q.is_cuda:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p if training else 0.0)
+    scores = (q @ k.transpose(-2, -1)) * (q.size(-1) ** -0.5)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return dropout(scores.softmax(-1), p, True) @ v
+
+
+class Block(nn.Module):
+    """Pre-LN transformer layer, as the official code: x + drop(attn(LN x)), x + drop(W2 drop(relu(W1 LN x))).
+
+    ``past`` holds keys/values of earlier tokens (the decoding cache). ``rows`` [B, M] restricts the output
+    to those positions of each sequence (all positions still serve as keys and values): the last layer of a
+    stack only needs the positions a loss reads. Returns (output, (k, v) of ``x``).
+    """
+
+    def __init__(self, d: int, heads: int, ff: int, dropout: float):
+        super().__init__()
+        self.heads, self.p = heads, dropout
+        self.ln1 = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.out = nn.Linear(d, d)
+        self.ln2 = nn.LayerNorm(d)
+        self.ff1 = nn.Linear(d, ff)
+        self.ff2 = nn.Linear(ff, d)
+
+    def forward(self, x, mask=None, past=None, rows=None):
+        b, t, d = x.shape
+        dh = d // self.heads
+        h = self.ln1(x)
+        if rows is None:
+            q, k, v = self.qkv(h).view(b, t, 3, self.heads, dh).permute(2, 0, 3, 1, 4)
+        else:
+            w, bias = self.qkv.weight, self.qkv.bias
+            k, v = F.linear(h, w[d:], bias[d:]).view(b, t, 2, self.heads, dh).permute(2, 0, 3, 1, 4)
+            idx = rows.unsqueeze(-1).expand(-1, -1, d)
+            x = x.gather(1, idx)
+            q = F.linear(h.gather(1, idx), w[:d], bias[:d]).view(b, -1, self.heads, dh).transpose(1, 2)
+            if mask is not None and mask.dim() >= 2 and mask.size(-2) == t:  # per-query mask rows
+                m = mask.reshape(-1, t, mask.size(-1)).expand(b, t, mask.size(-1))
+                mask = m.gather(1, rows.unsqueeze(-1).expand(-1, -1, m.size(-1))).unsqueeze(1)
+        kk, vv = (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)) if past is not None else (k, v)
+        a = attention(q, kk, vv, mask, self.p, self.training).transpose(1, 2).reshape(b, x.size(1), d)
+        x = x + dropout(self.out(a), self.p, self.training)
+        h = dropout(self.ff1(self.ln2(x)), self.p, self.training, relu=True)
+        return x + dropout(self.ff2(h), self.p, self.training), (k, v)
+
+
+class Stack(nn.Module):
+    """Transformer layers behind one input LayerNorm (the official ``Transformer``); ``rows``: see ``Block``
+    (applied to the last layer)."""
+
+    def __init__(self, n: int, d: int, heads: int, ff: int, p: float):
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.layers = nn.ModuleList(Block(d, heads, ff, p) for _ in range(n))
+
+    def forward(self, x, mask=None, rows=None):
+        x = self.norm(x)
+        for i, blk in enumerate(self.layers):
+            x = blk(x, mask, rows=rows if i == len(self.layers) - 1 else None)[0]
+        return x
+
+
+def needed_rows(need: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, T] bool → (rows [B, M], valid [B, M]): each row's needed positions in increasing order, padded with
+    unneeded ones up to the largest count M; ``out[valid]`` lists them in the order of ``x[need]``."""
+    m = max(int(need.sum(1).max()), 1)
+    rows = torch.argsort((~need).to(torch.int8), dim=1, stable=True)[:, :m]
+    valid = torch.arange(m, device=need.device) < need.sum(1, keepdim=True)
+    return rows, valid
+
+
+def mask_tokens(labels: torch.Tensor, prob: float, vocab_size: int, mask_id: int):
+    """BERT masking of caption tokens (words and <END>; never <START> or padding), at least one per caption.
+
+    Returns (inputs, targets, masked): targets are the original ids at masked positions and -100 elsewhere.
+    """
+    cand = (labels > 0) & (labels != START)
+    masked = (torch.rand(labels.shape, device=labels.device) < prob) & cand
+    none = ~masked.any(1) & cand.any(1)
+    if none.any():  # pick one candidate uniformly in captions where the draw masked nothing
+        score = torch.rand(labels.shape, device=labels.device).masked_fill(~cand, -1.0)
+        one = F.one_hot(score.argmax(1), labels.size(1)).bool()
+        masked |= one & none.unsqueeze(1)
+    u = torch.rand(labels.shape, device=labels.device)
+    rand_words = torch.randint(FIRST_WORD, vocab_size, labels.shape, device=labels.device)
+    inputs = torch.where(masked & (u < 0.8), torch.full_like(labels, mask_id), labels)
+    inputs = torch.where(masked & (u >= 0.8) & (u < 0.9), rand_words, inputs)
+    targets = labels.masked_fill(~masked, -100)
+    return inputs, targets, masked
+
+
+def mask_cells(b: int, n: int, prob: float, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """MVCL masking: which image (0/1) of each sample, and a [B, n] mask with ≥ 1 cell per sample."""
+    which = torch.randint(0, 2, (b,), device=device)
+    cells = torch.rand(b, n, device=device) < prob
+    none = ~cells.any(1)
+    if none.any():
+        pick = torch.randint(0, n, (b,), device=device)
+        cells |= F.one_hot(pick, n).bool() & none.unsqueeze(1)
+    return which, cells
+
+
+def mvcl_nce(pred: torch.Tensor, target: torch.Tensor, negatives: torch.Tensor, tau: float) -> torch.Tensor:
+    """Eq. 8: −log exp(cos(p, t)/τ) / (exp(cos(p, t)/τ) + Σ_n exp(cos(p, n)/τ)), averaged over masked cells."""
+    p, t, n = F.normalize(pred.float(), dim=-1), F.normalize(target.float(), dim=-1), F.normalize(negatives.float(), dim=-1)
+    pos = (p * t).sum(-1, keepdim=True) / tau
+    logits = torch.cat([pos, p @ n.t() / tau], 1)
+    return (torch.logsumexp(logits, 1) - pos.squeeze(1)).mean()
+
+
+def fda_loss(visual: torch.Tensor, text: torch.Tensor, tau: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 9: ``visual`` [P, d], ``text`` [P, 1+K, d] (positive first) → cross-entropy over cos/τ, and the
+    fraction of pairs whose positive scores highest."""
+    sim = F.cosine_similarity(visual.float().unsqueeze(1), text.float(), dim=-1) / tau  # [P, 1+K]
+    target = torch.zeros(sim.size(0), dtype=torch.long, device=sim.device)
+    return F.cross_entropy(sim, target), (sim.argmax(1) == 0).float().mean()
+
+
+class IDCPCL(CaptionModel):
+    # Read by pipeline.engine: Adam as one fused pass over the parameters (the per-tensor loop costs more than
+    # the forward pass at small CPU batches); same update rule.
+    optimizer_options = {"fused": True}
+
+    def __init__(self, vocab_size: int, feat_dim: int = 2048, hidden: int = 512, heads: int = 8, ff: int = 2048,
+                 layers: int = 3, single_layers: int = 1, pair_layers: int = 1, dropout: float = 0.2,
+                 difference_encoder: bool = True, distractor_judging: bool = True, mlm_prob: float = 0.15,
+                 mvcl_prob: float = 0.15, nce_temp: float = 1.0, fda_temp: float = 1.0, ft_mask_prob: float = 0.15,
+                 max_positions: int = 512):
+        super().__init__()
+        d = hidden
+        self.vocab_size = vocab_size
+        self.mask_id, self.cls_id = vocab_size, vocab_size + 1  # extra input-only tokens
+        self.difference_encoder, self.distractor_judging = difference_encoder, distractor_judging
+        self.mlm_prob, self.mvcl_prob, self.nce_temp, self.fda_temp = mlm_prob, mvcl_prob, nce_temp, fda_temp
+        self.ft_mask_prob = ft_mask_prob
+        self.prune_last = True  # the last cross-modal layer computes only the positions a loss reads
+        self.p, self.d = dropout, d
+        self.word = nn.Embedding(vocab_size + 2, d)
+        self.img_proj = nn.Linear(feat_dim, d)
+        self.img_token = nn.Parameter(torch.zeros(2, d))  # [IMG1], [IMG2]
+        self.type_emb = nn.Embedding(3, d)  # img1, img2, text
+        self.ln_img, self.ln_txt = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.register_buffer("pos", sinusoid(max_positions, d), persistent=False)
+        if difference_encoder:
+            self.single = Stack(single_layers, d, heads, ff, dropout)
+            self.pair = Stack(pair_layers, d, heads, ff, dropout)
+        self.cross = Stack(layers, d, heads, ff, dropout)
+        self.mlm = nn.Linear(d, vocab_size)  # the official output layer, shared by MLM and fine-tuning
+        self.mvcl = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.LayerNorm(d))
+        self.mvcl_bias = nn.Parameter(torch.zeros(feat_dim))
+        self.judge = nn.Linear(2 * d, 2)
+        self.apply(self._init)
+        nn.init.normal_(self.img_token, std=0.02)
+
+    @staticmethod
+    def _init(m):
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+            if getattr(m, "bias", None) is not None:
+                nn.init.zeros_(m.bias)
+
+    # ------------------------------------------------------------------------------------- encoders
+    def embed_image(self, feats: torch.Tensor, which: int) -> torch.Tensor:
+        """[B, C, H, W] → [B, 1 + HW, d]: [IMG_which] then the projected cells (linear + sigmoid, as the
+        official projection)."""
+        x = torch.sigmoid(self.img_proj(feats.flatten(2).transpose(1, 2)))
+        tok = self.img_token[which].expand(x.size(0), 1, -1)
+        x = torch.cat([tok, x], 1) + self.pos[: x.size(1) + 1] + self.type_emb.weight[which]
+        return dropout(self.ln_img(x), self.p, self.training)
+
+    def embed_text(self, ids: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """Word embeddings scaled by √d (as the official code) + fixed positions from ``start`` + text type."""
+        x = self.word(ids) * math.sqrt(self.d) + self.pos[start:start + ids.size(1)] + self.type_emb.weight[2]
+        return dropout(self.ln_txt(x), self.p, self.training)
+
+    def single_image(self, feats: torch.Tensor, which: int) -> torch.Tensor:
+        x = self.embed_image(feats, which)
+        return self.single(x) if self.difference_encoder else x
+
+    def pair_images(self, s1: torch.Tensor, s2: torch.Tensor) -> torch.Tensor:
+        v = torch.cat([s1, s2], 1)
+        return self.pair(v) if self.difference_encoder else v
+
+    def visual(self, img1: torch.Tensor, img2: torch.Tensor) -> torch.Tensor:
+        return self.pair_images(self.single_image(img1, 0), self.single_image(img2, 1))
+
+    def cross_modal(self, v: torch.Tensor, t: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        return self.cross(torch.cat([v, t], 1), mask)
+
+    def cross_select(self, v, t, mask, need: torch.Tensor):
+        """Cross-modal outputs at the ``need`` [B, T] positions only: (out [B, M, d], valid [B, M]) as
+        ``needed_rows``. The last layer computes just those rows (``prune_last``; else all, then gathered)."""
+        rows, valid = needed_rows(need)
+        if self.prune_last:
+            return self.cross(torch.cat([v, t], 1), mask, rows), valid
+        full = self.cross(torch.cat([v, t], 1), mask)
+        return full.gather(1, rows.unsqueeze(-1).expand(-1, -1, full.size(-1))), valid
+
+    @staticmethod
+    def trim(labels: torch.Tensor) -> torch.Tensor:
+        """Drop the padding columns that no caption of the batch uses (captions are left-aligned)."""
+        n = int((labels > 0).sum(-1).max())
+        return labels[..., :max(n, 1)]
+
+    def text_input(self, labels: torch.Tensor) -> torch.Tensor:
+        cls = torch.full_like(labels[:, :1], self.cls_id)
+        return torch.cat([cls, labels], 1)
+
+    @staticmethod
+    def padding_mask(nv: int, text: torch.Tensor) -> torch.Tensor:
+        """Bidirectional attention over everything but the caption padding: [B, 1, 1, Nv + Nt]."""
+        keep = torch.cat([torch.ones(text.size(0), nv, dtype=torch.bool, device=text.device), text > 0], 1)
+        keep[:, nv] = True  # [CLS]
+        return keep[:, None, None, :]
+
+    @staticmethod
+    def seq2seq_mask(nv: int, nt: int, device) -> torch.Tensor:
+        """Visual tokens see visual tokens; caption tokens see all visual tokens and earlier caption tokens."""
+        m = torch.zeros(nv + nt, nv + nt, dtype=torch.bool, device=device)
+        m[:, :nv] = True
+        m[nv:, nv:] = torch.ones(nt, nt, dtype=torch.bool, device=device).tril()
+        return m
+
+    def word_logits(self, h: torch.Tensor) -> torch.Tensor:
+        return self.mlm(h)
+
+    def feature_prediction(self, h: torch.Tensor) -> torch.Tensor:
+        return self.mvcl(h) @ self.img_proj.weight + self.mvcl_bias
+
+    # ----------------------------------------------------------------------------------- pre-training
+    def pretraining_loss(self, batch: dict) -> tuple[torch.Tensor, dict]:
+        task = TASKS[int(batch["task"])]
+        img1, img2, text = batch["img1"], batch["img2"], self.trim(batch["text"].long())
+        if task == "mlm":
+            v = self.visual(img1, img2)
+            inp, tgt, masked = mask_tokens(text, self.mlm_prob, self.vocab_size, self.mask_id)
+            t_in = self.text_input(inp)
+            need = F.pad(masked, (v.size(1) + 1, 0))
+            out, valid = self.cross_select(v, self.embed_text(t_in), self.padding_mask(v.size(1), t_in), need)
+            logits = self.word_logits(out[valid])
+            loss = F.cross_entropy(logits.float(), tgt[masked])
+            acc = (logits.argmax(-1) == tgt[masked]).float().mean()
+            return loss, {"mlm": loss.item(), "mlm_acc": acc.item()}
+        if task == "mvcl":
+            b, c, hh, ww = img1.shape
+            n = hh * ww
+            which, cells = mask_cells(b, n, self.mvcl_prob, img1.device)
+            feats = torch.stack([img1, img2], 1).flatten(3).transpose(2, 3)  # [B, 2, HW, C]
+            sel = F.one_hot(which, 2).bool().unsqueeze(2) & cells.unsqueeze(1)  # [B, 2, HW]
+            masked_feats = feats.masked_fill(sel.unsqueeze(-1), 0.0).transpose(2, 3).reshape(b, 2, c, hh, ww)
+            v = self.visual(masked_feats[:, 0], masked_feats[:, 1])
+            t_in = self.text_input(text)
+            need = F.pad(F.pad(sel, (1, 0)).reshape(b, -1), (0, t_in.size(1)))  # the masked cells' tokens
+            out, valid = self.cross_select(v, self.embed_text(t_in), self.padding_mask(v.size(1), t_in), need)
+            pred = self.feature_prediction(out[valid])
+            own = feats[torch.arange(b), which]  # the masked images' original features [B, HW, C]
+            loss = mvcl_nce(pred, feats[sel], own[~cells], self.nce_temp)
+            return loss, {"mvcl": loss.item()}
+        # fda: text [P, 1+K, L]
+        p, k1, length = text.shape
+        v = self.visual(img1, img2)
+        v = v.unsqueeze(1).expand(p, k1, *v.shape[1:]).reshape(p * k1, *v.shape[1:])
+        t_in = self.text_input(text.reshape(p * k1, length))
+        need = torch.zeros(p * k1, v.size(1) + t_in.size(1), dtype=torch.bool, device=v.device)
+        need[:, [0, v.size(1) // 2, v.size(1)]] = True  # [IMG1], [IMG2], [CLS]
+        out, _ = self.cross_select(v, self.embed_text(t_in), self.padding_mask(v.size(1), t_in), need)
+        vis = 0.5 * (out[:, 0] + out[:, 1])
+        loss, acc = fda_loss(vis.view(p, k1, -1)[:, 0], out[:, 2].view(p, k1, -1), self.fda_temp)
+        return loss, {"fda": loss.item(), "fda_acc": acc.item()}
+
+    # ------------------------------------------------------------------------------------ fine-tuning
+    def training_loss(self, batch: dict) -> tuple[torch.Tensor, dict]:
+        if "task" in batch:
+            return self.pretraining_loss(batch)
+        before, sc, nsc = batch["before"], batch["sc"], batch["nsc"]
+        b = before.size(0)
+        s_bef = self.single_image(before, 0)
+        s_aft = self.single_image(torch.cat([sc, nsc]), 1)
+        v = self.pair_images(torch.cat([s_bef, s_bef]), s_aft)
+        labels = self.trim(torch.cat([batch["pos_labels"], batch["neg_labels"]]).long())
+        inp, tgt, masked = mask_tokens(labels, self.ft_mask_prob, self.vocab_size, self.mask_id)
+        t_in = self.text_input(inp)
+        nv = v.size(1)
+        need = F.pad(masked, (nv + 1, 0))
+        need[:, [0, nv // 2]] = True  # [IMG1], [IMG2]: always the first two needed positions
+        out, valid = self.cross_select(v, self.embed_text(t_in), self.seq2seq_mask(nv, t_in.size(1), v.device), need)
+        logits = self.word_logits(out[:, 2:][valid[:, 2:]])
+        ce = F.cross_entropy(logits.float(), tgt[masked])
+        parts = {"mlm": ce.item()}
+        loss = ce
+        if self.distractor_judging:
+            judged = self.judge(torch.cat([out[:, 0], out[:, 1]], 1)).float()
+            target = torch.cat([torch.ones(b), torch.zeros(b)]).long().to(judged.device)
+            dj = F.cross_entropy(judged, target)
+            loss = loss + dj
+            parts.update(dj=dj.item(), dj_acc=(judged.argmax(1) == target).float().mean().item())
+        return loss, parts
+
+    def init_from(self, state: dict) -> list[str]:
+        """Start from a pre-training checkpoint of the same architecture: every tensor but the fine-tuning
+        classifier must be there with the same shape (a mismatch means the configs disagree)."""
+        own = self.state_dict()
+        bad = [k for k in own if not k.startswith("judge.") and (k not in state or state[k].shape != own[k].shape)]
+        if bad:
+            raise ValueError(f"pre-trained weights do not fit this IDC-PCL model ({len(bad)} tensors missing or "
+                             f"of another shape, e.g. {bad[:3]}): the pre-training and method model blocks must agree")
+        hits = [k for k in own if k in state and state[k].shape == own[k].shape]
+        self.load_state_dict({**own, **{k: state[k] for k in hits}})
+        return hits
+
+    # -------------------------------------------------------------------------------------- inference
+    @torch.no_grad()
+    def greedy(self, before: torch.Tensor, after: torch.Tensor, max_len: int, return_logits: bool = False):
+        b = before.size(0)
+        dev = before.device
+        x = self.cross.norm(self.visual(before, after))
+        cache = []
+        for blk in self.cross.layers:  # visual states never see the caption: run them once
+            x, kv = blk(x)
+            cache.append(kv)
+        out = torch.zeros(b, max_len, dtype=torch.long, device=dev)
+        done = torch.zeros(b, dtype=torch.bool, device=dev)
+        real = torch.tensor([[self.cls_id, START]], device=dev).expand(b, 2)  # new caption tokens this step
+        mask_tok = torch.full((b, 1), self.mask_id, dtype=torch.long, device=dev)
+        pos = 0  # text position of real[:, 0]
+        all_logits = []
+        for t in range(max_len):
+            n_r = real.size(1)
+            h = self.cross.norm(torch.cat([self.embed_text(real, pos), self.embed_text(mask_tok, pos + n_r)], 1))
+            p = cache[0][0].size(2)
+            m = torch.ones(n_r + 1, p + n_r + 1, dtype=torch.bool, device=dev)
+            m[:, p:] = torch.ones(n_r + 1, n_r + 1, dtype=torch.bool, device=dev).tril()
+            for i, blk in enumerate(self.cross.layers):
+                h, (k, v) = blk(h, m, cache[i])
+                cache[i] = (torch.cat([cache[i][0], k[:, :, :n_r]], 2), torch.cat([cache[i][1], v[:, :, :n_r]], 2))
+            logits = self.word_logits(h[:, -1])
+            if return_logits:
+                all_logits.append(logits)
+            word = logits.argmax(-1).masked_fill(done, 0)
+            out[:, t] = word
+            done |= word == END
+            if done.all():
+                break
+            pos += n_r
+            real = word.unsqueeze(1)
+        if return_logits:
+            return out, torch.stack(all_logits, 1)
+        return out
+
+    @torch.no_grad()
+    def generate(self, before, after, max_len: int):
+        return self.greedy(before, after, max_len)

@@ -1,0 +1,61 @@
+# IDC-PCL (shared/seeds/idc-pcl-pretraining-aaai2022.md): pre-training runs (MLM / MVCL / FDA alternated by
+# batch), named under `pretraining:` as idc_pcl_pretrain*. Fine-tuning is the generic `train` rule
+# (methods with `init_from: idc_pcl_pretrain*`); the ablation of the paper's Table 4 is the named table
+# `clevr_change_ablation_idc_pcl` (`snakemake results/tables/clevr_change_ablation_idc_pcl.csv`).
+import re
+
+IDC_PCL_PRETRAIN = sorted(n for n in config.get("pretraining", {}) if re.fullmatch(r"idc_pcl_pretrain(_\w+)?", n))
+
+
+def idc_pcl_pretrain_cfg(name):
+    return config["pretraining"][name]
+
+
+def idc_pcl_check_config():
+    """A method starting from a pre-training run must have the same architecture (init_from also checks the
+    tensors, but this says which config blocks disagree before anything runs)."""
+    arch = ("hidden", "heads", "ff", "layers", "single_layers", "pair_layers", "difference_encoder")
+    for m, b in config["methods"].items():
+        init = b.get("init_from")
+        if init not in IDC_PCL_PRETRAIN:
+            continue
+        pre = idc_pcl_pretrain_cfg(init)
+        diff = [k for k in arch if b["model"].get(k) != pre["model"].get(k)]
+        if diff or b["backbone"] != pre["backbone"]:
+            raise WorkflowError(f"config: methods.{m} and pretraining.{init} disagree on "
+                                f"{', '.join(diff or ['backbone'])}: fine-tuning starts from those weights")
+
+
+idc_pcl_check_config()
+
+
+rule pretrain_idc_pcl:
+    """IDC-PCL pre-training (resumable); checkpoint.pt holds the weights after the last step."""
+    input:
+        manifest="results/{dataset}/manifest.jsonl",
+        vocab="results/{dataset}/text/vocab.json",
+        labels="results/{dataset}/text/labels.h5",
+        features=lambda w: f"results/{w.dataset}/features/{idc_pcl_pretrain_cfg(w.name)['backbone']}.h5",
+        negatives=lambda w: (["results/{dataset}/text/negatives.jsonl".format(dataset=w.dataset)]
+                             if idc_pcl_pretrain_cfg(w.name)["tasks"].get("fda", 0) > 0 else []),
+    output:
+        checkpoint="results/{dataset}/{name}/seed{seed}/checkpoint.pt",
+        summary="results/{dataset}/{name}/seed{seed}/pretrain.json",
+    wildcard_constraints:
+        name="|".join(map(re.escape, IDC_PCL_PRETRAIN)) if IDC_PCL_PRETRAIN else "(?!x)x",
+    params:
+        hp=lambda w: as_json(idc_pcl_pretrain_cfg(w.name)),
+        negatives=lambda w, input: f"--negatives {input.negatives}" if input.negatives else "",
+    threads: workflow.cores
+    resources:
+        gpu=1,
+        mem_mb=8000,
+    log:
+        "logs/{dataset}/{name}/seed{seed}/pretrain.log",
+    benchmark:
+        "logs/benchmarks/{dataset}/{name}/seed{seed}/pretrain.tsv"
+    shell:
+        "python -m pipeline pretrain-idc-pcl --name {wildcards.name} --dataset {wildcards.dataset} "
+        "--seed {wildcards.seed} --hparams {params.hp:q} --manifest {input.manifest} "
+        "--text-dir results/{wildcards.dataset}/text --features {input.features} {params.negatives} "
+        "--run-dir results/{wildcards.dataset}/{wildcards.name}/seed{wildcards.seed} --threads {threads} > {log} 2>&1"

@@ -1,0 +1,500 @@
+"""IDC-PCL: masking, the MVCL and FDA losses on hand-computed cases, the attention masks, cached greedy decoding,
+gradients, initialisation from pre-training, the task schedule, and pre-training resumption."""
+
+import argparse
+import json
+import math
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from pipeline.models import idc_pcl as M
+from pipeline.models.idc_pcl import IDCPCL, fda_loss, mask_tokens, mvcl_nce
+from pipeline.text import END, START
+
+V = 20
+
+
+def tiny(**kw):
+    hp = dict(hidden=16, heads=2, ff=32, layers=2, dropout=0.0)
+    hp.update(kw)
+    return IDCPCL(vocab_size=V, feat_dim=12, **hp)
+
+
+def captions(b, length=9, n_words=5, g=None):
+    g = g or torch.Generator().manual_seed(1)
+    x = torch.randint(4, V, (b, length), generator=g)
+    x[:, 0] = START
+    x[:, n_words + 1] = END
+    x[:, n_words + 2:] = 0
+    return x
+
+
+def feats(b, g, c=12, h=3, w=2):
+    return torch.randn(b, c, h, w, generator=g)
+
+
+def ft_batch(b=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return {"before": feats(b, g), "sc": feats(b, g), "nsc": feats(b, g), "pos_labels": captions(b, g=g),
+            "neg_labels": captions(b, g=g), "type": torch.zeros(b, dtype=torch.long)}
+
+
+def pt_batch(task, b=4, seed=0, k=3):
+    g = torch.Generator().manual_seed(seed)
+    text = captions(b * k, g=g).view(b, k, -1) if task == "fda" else captions(b, g=g)
+    return {"task": torch.tensor(M.TASKS.index(task)), "img1": feats(b, g), "img2": feats(b, g), "text": text}
+
+
+# ------------------------------------------------------------------------------------------- masking
+def test_mlm_masking_rates_80_10_10_and_never_start_or_padding():
+    torch.manual_seed(0)
+    n, length = 3000, 42
+    labels = torch.randint(4, 60, (n, length))
+    labels[:, 0] = START
+    labels[:, 40] = END
+    labels[:, 41] = 0
+    inp, tgt, masked = mask_tokens(labels, 0.15, 60, mask_id=60)
+    cand = 39 + 1  # words 1..39 and <END>
+    rate = masked.sum().item() / (n * cand)
+    assert abs(rate - 0.15) < 0.006
+    assert not masked[:, 0].any() and not masked[:, 41].any()
+    m = masked
+    to_mask = (inp[m] == 60).float().mean().item()
+    kept = (inp[m] == labels[m]).float().mean().item()
+    other = 1 - to_mask - kept
+    assert abs(to_mask - 0.8) < 0.015
+    assert abs(kept - (0.1 + 0.1 / 56)) < 0.012  # a random word equals the original 1 time in 56
+    assert abs(other - 0.1 * 55 / 56) < 0.012
+    assert ((inp[m] == 60) | ((inp[m] >= 4) & (inp[m] < 60)) | (inp[m] == labels[m])).all()  # [MASK], a word, itself
+    assert torch.equal(tgt[m], labels[m]) and (tgt[~m] == -100).all()
+    assert torch.equal(inp[~m], labels[~m])
+
+
+def test_every_caption_gets_at_least_one_masked_token():
+    torch.manual_seed(0)
+    labels = torch.tensor([[START, 7, END, 0, 0]] * 500)
+    _, _, masked = mask_tokens(labels, 0.15, V, V)
+    assert (masked.sum(1) >= 1).all()
+    assert not masked[:, [0, 3, 4]].any()
+
+
+def test_mvcl_cells_mask_at_least_one_cell_of_one_image():
+    torch.manual_seed(0)
+    which, cells = M.mask_cells(2000, 49, 0.15, "cpu")
+    assert (cells.sum(1) >= 1).all()
+    assert abs(cells.float().mean().item() - 0.15) < 0.01
+    assert set(which.tolist()) == {0, 1}
+
+
+# ------------------------------------------------------------------------------------ pinned losses
+def test_mvcl_nce_on_a_hand_computed_case():
+    pred = torch.tensor([[2.0, 0.0], [0.0, 1.0]])
+    target = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
+    negatives = torch.tensor([[0.0, 3.0], [-1.0, 0.0]])
+    # row 1: cos(pos) = 1, cos(negs) = 0, -1; row 2: cos(pos) = 1/sqrt2, cos(negs) = 1, 0
+    r1 = -1 + math.log(math.e + 1 + math.exp(-1))
+    c = 1 / math.sqrt(2)
+    r2 = -c + math.log(math.exp(c) + math.e + 1)
+    assert math.isclose(mvcl_nce(pred, target, negatives, 1.0).item(), (r1 + r2) / 2, rel_tol=1e-6)
+    # temperature 0.5 doubles every logit
+    r1 = -2 + math.log(math.exp(2) + 1 + math.exp(-2))
+    r2 = -2 * c + math.log(math.exp(2 * c) + math.exp(2) + 1)
+    assert math.isclose(mvcl_nce(pred, target, negatives, 0.5).item(), (r1 + r2) / 2, rel_tol=1e-6)
+
+
+def test_fda_loss_on_a_hand_computed_case():
+    visual = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+    text = torch.tensor([[[3.0, 0.0], [0.0, 1.0], [1.0, 1.0]],   # cos 1, 0, 1/sqrt2: positive ranked first
+                         [[1.0, 0.0], [0.0, 1.0], [0.0, -1.0]]])  # cos 0, 1, -1: a negative wins
+    c = 1 / math.sqrt(2)
+    l1 = -1 + math.log(math.e + 1 + math.exp(c))
+    l2 = -0 + math.log(1 + math.e + math.exp(-1))
+    loss, acc = fda_loss(visual, text, 1.0)
+    assert math.isclose(loss.item(), (l1 + l2) / 2, rel_tol=1e-6)
+    assert acc.item() == 0.5
+
+
+def test_mvcl_scores_masked_cells_against_their_originals_and_unmasked_originals(monkeypatch):
+    torch.manual_seed(0)
+    m = tiny().eval()
+    batch = pt_batch("mvcl", b=2)
+    which = torch.tensor([1, 0])
+    cells = torch.zeros(2, 6, dtype=torch.bool)
+    cells[0, 2] = cells[1, 0] = cells[1, 5] = True
+    monkeypatch.setattr(M, "mask_cells", lambda b, n, p, device: (which, cells))
+    seen = {}
+
+    def capture(pred, target, negatives, tau):
+        seen.update(pred=pred, target=target, negatives=negatives)
+        return mvcl_nce(pred, target, negatives, tau)
+
+    monkeypatch.setattr(M, "mvcl_nce", capture)
+    m.pretraining_loss(batch)
+    f1 = batch["img1"].flatten(2).transpose(1, 2)  # [B, HW, C]
+    f2 = batch["img2"].flatten(2).transpose(1, 2)
+    assert torch.equal(seen["target"], torch.stack([f2[0, 2], f1[1, 0], f1[1, 5]]))
+    want_neg = torch.cat([f2[0, [0, 1, 3, 4, 5]], f1[1, 1:5]])
+    assert torch.equal(seen["negatives"], want_neg)
+    assert seen["pred"].shape == (3, 12)
+
+
+def test_mvcl_zeroes_only_the_masked_cells_of_the_chosen_image(monkeypatch):
+    torch.manual_seed(0)
+    m = tiny().eval()
+    batch = pt_batch("mvcl", b=2)
+    which = torch.tensor([0, 1])
+    cells = torch.zeros(2, 6, dtype=torch.bool)
+    cells[0, 3] = cells[1, 1] = True
+    monkeypatch.setattr(M, "mask_cells", lambda b, n, p, device: (which, cells))
+    got = {}
+    orig = m.visual
+
+    def spy(a, b):
+        got["a"], got["b"] = a.clone(), b.clone()
+        return orig(a, b)
+
+    monkeypatch.setattr(m, "visual", spy)
+    m.pretraining_loss(batch)
+    a, b = got["a"].flatten(2), got["b"].flatten(2)
+    assert (a[0, :, 3] == 0).all() and (b[1, :, 1] == 0).all()
+    a[0, :, 3] = batch["img1"].flatten(2)[0, :, 3]
+    b[1, :, 1] = batch["img2"].flatten(2)[1, :, 1]
+    assert torch.equal(a, batch["img1"].flatten(2)) and torch.equal(b, batch["img2"].flatten(2))
+
+
+def test_fda_encodes_each_pair_once_with_the_same_result_as_per_caption():
+    torch.manual_seed(0)
+    m = tiny().eval()
+    batch = pt_batch("fda", b=2, k=4)
+    loss, parts = m.pretraining_loss(batch)
+    text = m.trim(batch["text"])
+    vis, txt = [], []
+    for p in range(2):
+        for k in range(4):
+            v = m.visual(batch["img1"][p:p + 1], batch["img2"][p:p + 1])
+            t_in = m.text_input(text[p, k:k + 1])
+            out = m.cross_modal(v, m.embed_text(t_in), m.padding_mask(v.size(1), t_in))
+            vis.append(0.5 * (out[0, 0] + out[0, v.size(1) // 2]))
+            txt.append(out[0, v.size(1)])
+    want, _ = fda_loss(torch.stack(vis).view(2, 4, -1)[:, 0], torch.stack(txt).view(2, 4, -1), 1.0)
+    assert math.isclose(loss.item(), want.item(), rel_tol=1e-5)
+
+
+@pytest.mark.parametrize("task", ["mlm", "mvcl", "fda", "finetune"])
+def test_last_layer_computed_only_where_a_loss_reads_gives_the_same_loss(task):
+    m = tiny().eval()
+    batch = ft_batch(3) if task == "finetune" else pt_batch(task)
+    losses = []
+    for prune in (True, False):
+        m.prune_last = prune
+        torch.manual_seed(5)  # same masks
+        losses.append(m.training_loss(batch)[0].item())
+    assert math.isclose(*losses, rel_tol=1e-5)
+
+
+def test_needed_rows_lists_positions_in_order():
+    need = torch.tensor([[False, True, False, True], [True, False, False, False]])
+    rows, valid = M.needed_rows(need)
+    assert rows.tolist()[0] == [1, 3] and rows.tolist()[1][0] == 0 and valid.tolist() == [[True, True], [True, False]]
+    x = torch.arange(8.0).view(2, 4)
+    assert torch.equal(x.gather(1, rows)[valid], x[need])
+
+
+# ------------------------------------------------------------------------------------------ masks
+def test_caption_tokens_never_see_later_tokens_and_visual_tokens_never_see_the_caption():
+    torch.manual_seed(0)
+    m = tiny().eval()
+    b = ft_batch(2)
+    v = m.visual(b["before"], b["sc"])
+    nv = v.size(1)
+    t = m.text_input(b["pos_labels"])
+    t2 = t.clone()
+    t2[:, 4] = (t2[:, 4] + 1 - 4) % (V - 4) + 4  # another word at caption position 4
+    mask = m.seq2seq_mask(nv, t.size(1), "cpu")
+    o1 = m.cross_modal(v, m.embed_text(t), mask)
+    o2 = m.cross_modal(v, m.embed_text(t2), mask)
+    torch.testing.assert_close(o1[:, :nv + 4], o2[:, :nv + 4])
+    assert not torch.allclose(o1[:, nv + 4:], o2[:, nv + 4:])
+
+
+def test_pretraining_attention_ignores_caption_padding():
+    torch.manual_seed(0)
+    m = tiny().eval()
+    b = pt_batch("mlm", b=2)
+    v = m.visual(b["img1"], b["img2"])
+    t = m.text_input(b["text"])
+    t2 = t.clone()
+    t2[t2 == 0] = 7  # garbage where the padding is, still masked out as keys by the padding of t
+    mask = m.padding_mask(v.size(1), t)
+    o1 = m.cross_modal(v, m.embed_text(t), mask)
+    o2 = m.cross_modal(v, m.embed_text(t2), mask)
+    keep = (t > 0)
+    torch.testing.assert_close(o1[:, :v.size(1)], o2[:, :v.size(1)])
+    torch.testing.assert_close(o1[:, v.size(1):][keep], o2[:, v.size(1):][keep])
+
+
+# --------------------------------------------------------------------------------------- decoding
+@pytest.mark.parametrize("difference_encoder", [True, False])
+def test_cached_greedy_equals_recomputing_the_whole_sequence(difference_encoder):
+    torch.manual_seed(0)
+    m = tiny(difference_encoder=difference_encoder).eval()
+    b = ft_batch(3)
+    out, logits = m.greedy(b["before"], b["sc"], 6, return_logits=True)
+    v = m.visual(b["before"], b["sc"])
+    nv = v.size(1)
+    for t in range(logits.size(1)):
+        prefix = torch.cat([torch.full((3, 1), START), out[:, :t], torch.full((3, 1), m.mask_id)], 1)
+        t_in = m.text_input(prefix)
+        full = m.cross_modal(v, m.embed_text(t_in), m.seq2seq_mask(nv, t_in.size(1), "cpu"))
+        want = m.word_logits(full[:, -1])
+        live = (out[:, :t] != END).all(1) if t else torch.ones(3, dtype=torch.bool)
+        torch.testing.assert_close(logits[live, t], want[live], rtol=1e-4, atol=1e-5)
+
+
+def test_learns_to_write_a_caption_and_stops_at_end():
+    torch.manual_seed(0)
+    m = tiny(ft_mask_prob=0.5, layers=1)
+    batch = ft_batch(2)
+    opt = torch.optim.Adam(m.parameters(), 3e-3)
+    for _ in range(250):
+        loss, _ = m.training_loss(batch)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    m.eval()
+    out = m.generate(batch["before"], batch["sc"], max_len=10)
+    want = batch["pos_labels"][:, 1:7]  # five words then <END>
+    assert torch.equal(out[:, :6], want)
+    assert (out[:, 6:] == 0).all()
+
+
+def test_fine_tuning_with_the_same_seed_gives_the_same_weights():
+    def run(seed):
+        torch.manual_seed(seed)
+        m = tiny(dropout=0.2)
+        opt = torch.optim.Adam(m.parameters(), 1e-3, **IDCPCL.optimizer_options)
+        for step in range(4):
+            loss, _ = m.training_loss(ft_batch(3, seed=step))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return m.state_dict()
+
+    a, b, c = run(0), run(0), run(1)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], c[k]) for k in a)
+
+
+# ------------------------------------------------------------------------------------- gradients
+def _grads(m, batch):
+    m.zero_grad()
+    loss, _ = m.training_loss(batch)
+    loss.backward()
+    return {n for n, p in m.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
+
+
+def test_gradients_reach_what_each_objective_trains():
+    torch.manual_seed(0)
+    m = tiny(dropout=0.1)
+    encoder = {n for n, _ in m.named_parameters() if n.startswith(("single.", "pair.", "cross.", "img_proj", "word",
+                                                                     "img_token", "type_emb", "ln_img", "ln_txt"))}
+    mlm = _grads(m, pt_batch("mlm"))
+    assert encoder <= mlm and {"mlm.weight", "mlm.bias"} <= mlm and not any(n.startswith(("mvcl", "judge")) for n in mlm)
+    mvcl = _grads(m, pt_batch("mvcl"))
+    assert {"mvcl.0.weight", "mvcl_bias", "img_proj.weight", "cross.layers.0.ff1.weight", "single.layers.0.qkv.weight"} <= mvcl
+    fda = _grads(m, pt_batch("fda"))
+    assert {"cross.layers.1.qkv.weight", "pair.layers.0.ff2.weight", "single.layers.0.qkv.weight", "word.weight"} <= fda
+    assert not any(n.startswith(("mlm", "mvcl", "judge")) for n in fda)
+    ft = _grads(m, ft_batch())
+    assert encoder - {"word.weight"} <= ft and {"judge.weight", "mlm.weight"} <= ft
+    no_dj = _grads(tiny(distractor_judging=False), ft_batch())
+    assert not any(n.startswith("judge") for n in no_dj)
+
+
+def test_distractor_judging_labels_changed_pairs_one_and_distractors_zero(monkeypatch):
+    torch.manual_seed(0)
+    m = tiny().eval()
+    seen = {}
+    real = torch.nn.functional.cross_entropy
+
+    def capture(inp, target, *a, **k):
+        if inp.size(-1) == 2:
+            seen["target"] = target
+        return real(inp, target, *a, **k)
+
+    monkeypatch.setattr(M.F, "cross_entropy", capture)
+    m.training_loss(ft_batch(3))
+    assert seen["target"].tolist() == [1, 1, 1, 0, 0, 0]
+
+
+# ---------------------------------------------------------------------------------- initialisation
+def test_init_from_pretraining_copies_everything_but_requires_the_same_architecture():
+    torch.manual_seed(0)
+    pre = tiny()
+    ft = tiny()
+    copied = ft.init_from(pre.state_dict())
+    assert set(copied) == set(pre.state_dict())
+    assert all(torch.equal(ft.state_dict()[k], pre.state_dict()[k]) for k in copied)
+    with pytest.raises(ValueError, match="pre-trained weights do not fit"):
+        tiny().init_from(tiny(difference_encoder=False).state_dict())
+    with pytest.raises(ValueError):
+        IDCPCL(vocab_size=V + 1, feat_dim=12, hidden=16, heads=2, ff=32, layers=2).init_from(pre.state_dict())
+
+
+def test_fast_dropout_keeps_the_configured_fraction_and_rescales():
+    torch.manual_seed(0)
+    x = torch.ones(400_000)
+    y = M.dropout(x, 0.2, True)
+    keep = (y > 0).float().mean().item()
+    assert abs(keep - 0.8) < 0.003
+    assert torch.allclose(y[y > 0], torch.tensor(1.25))
+    assert torch.equal(M.dropout(x, 0.2, False), x)
+    # fused ReLU + dropout: forward and backward against the unfused formula on the same mask
+    x = torch.randn(1000, 7, requires_grad=True)
+    y = M.dropout(x, 0.3, True, relu=True)
+    kept = y != 0
+    assert (x[kept] > 0).all() and abs(kept.float().mean().item() - 0.7 * 0.5) < 0.03
+    torch.testing.assert_close(y, torch.where(kept, x.relu() / 0.7, 0.0))
+    g = torch.randn(1000, 7)
+    y.backward(g)
+    torch.testing.assert_close(x.grad, torch.where(kept, g / 0.7, 0.0))
+
+
+# --------------------------------------------------------------------------------- task schedule
+def test_task_cycle_has_the_configured_ratio_spread_evenly():
+    from pipeline.errors import PipelineError
+    from pipeline.idc_pcl_pretrain import task_cycle
+
+    c = task_cycle({"mlm": 8, "mvcl": 1, "fda": 2})
+    assert len(c) == 11 and c.count("mlm") == 8 and c.count("mvcl") == 1 and c.count("fda") == 2
+    assert c[:2] != ["fda", "fda"] and "fda" in c[:6] and "fda" in c[5:]
+    assert task_cycle({"mlm": 1}) == ["mlm"]
+    with pytest.raises(PipelineError, match="unknown"):
+        task_cycle({"itm": 1})
+
+
+def test_noam_schedule_warms_up_then_decays_as_inverse_square_root():
+    from pipeline.engine import TrainConfig, lr_factor
+
+    cfg = TrainConfig(iterations=10, lr=1.0, batch_size=1, val_every=1, warmup_steps=8000, noam=True)
+    assert math.isclose(lr_factor(3999, cfg, 1.0), 0.5)
+    assert math.isclose(lr_factor(7999, cfg, 1.0), 1.0)
+    assert math.isclose(lr_factor(31999, cfg, 1.0), 0.5)  # sqrt(8000 / 32000)
+    cfg.noam = False
+    assert lr_factor(31999, cfg, 1.0) == 1.0  # the default schedule is unchanged
+
+
+def test_fda_without_negatives_is_refused(tmp_path):
+    from pipeline.errors import PipelineError
+    from pipeline.idc_pcl_pretrain import PretrainBatches
+
+    recs = [{"pair_id": "a", "before": "x", "after": "y"}]
+    with pytest.raises(PipelineError, match="negatives"):
+        PretrainBatches(recs, None, None, None, 22, None, 8, 0, {"mlm": 8, "fda": 2})
+    PretrainBatches(recs, None, None, None, 22, None, 8, 0, {"mlm": 1})  # MLM alone needs none
+
+
+# ----------------------------------------------------------------------- pre-training, end to end
+def write_tiny_dataset(root, n_idx=8, hw=(2, 2), c=12):
+    """A manifest, text stage outputs, a feature file and the negatives of a tiny synthetic dataset."""
+    from pipeline import negatives as ng
+    from pipeline import text as text_stage
+    from pipeline.pos_tagging import LexiconTagger
+    from pipeline.synth.captions import NO_CHANGE_CAPTIONS
+    from pipeline.utils.io import write_jsonl
+
+    colors = ["red", "blue", "green", "cyan", "brown", "gray", "purple", "yellow"]
+    shapes = ["cube", "sphere", "cylinder"]
+    recs, keys = [], []
+    for i in range(n_idx):
+        split = "val" if i % 4 == 3 else "train"
+        key = f"{i:06d}.png"
+        before, sc, nsc = f"images/CLEVR_default_{key}", f"sc_images/CLEVR_semantic_{key}", f"nsc_images/CLEVR_nonsemantic_{key}"
+        caps = [f"the {colors[(i + j) % 8]} {shapes[(i + j) % 3]} has been added" for j in range(3)]
+        recs.append({"pair_id": key, "index": i, "split": split, "before": before, "after": sc, "change_type": "add",
+                     "captions": caps, "labels": {}, "source": "synthetic", "generator_seed": 0})
+        recs.append({"pair_id": key + "_n", "index": i, "split": split, "before": before, "after": nsc,
+                     "change_type": "no_change", "captions": list(NO_CHANGE_CAPTIONS[i % 5:i % 5 + 3]),
+                     "labels": {}, "source": "synthetic", "generator_seed": 0})
+        keys += [before, sc, nsc]
+    write_jsonl(root / "manifest.jsonl", recs)
+    text_stage.run(argparse.Namespace(manifest=str(root / "manifest.jsonl"), out_dir=str(root / "text"), max_words=22,
+                                      min_count=1))
+    keys = sorted(keys)
+    g = np.random.default_rng(0)
+    with h5py.File(root / "feats.h5", "w") as f:
+        f.create_dataset("features", data=g.standard_normal((len(keys), c, *hw)).astype(np.float16))
+        f.create_dataset("keys", data=np.array(keys, dtype=object), dtype=h5py.string_dtype())
+        f.attrs.update({"backbone": "resnet101_layer4", "weights": "random(seed=0)", "complete": True})
+    out, _ = ng.build(recs, LexiconTagger.for_dataset("clevr_change"), ng.Settings(min_df=1), log=lambda m: None)
+    write_jsonl(root / "negatives.jsonl", out)
+    return recs
+
+
+def pretrain(root, run_dir, stop_after=None, seed=0):
+    from pipeline import negatives as ng
+    from pipeline.engine import TrainConfig, train
+    from pipeline.features.store import FeatureStore
+    from pipeline.idc_pcl_pretrain import PretrainBatches
+    from pipeline.text import Labels, Vocab
+    from pipeline.utils.io import read_jsonl
+    from pipeline.utils.seed import seed_everything
+
+    seed_everything(seed)
+    recs = [r for r in read_jsonl(root / "manifest.jsonl") if r["split"] == "train"]
+    vocab = Vocab.load(root / "text" / "vocab.json")
+    negs = ng.load(root / "negatives.jsonl", split="train", n_negatives=6)
+    with FeatureStore(root / "feats.h5") as store:
+        model = IDCPCL(len(vocab), feat_dim=12, hidden=16, heads=2, ff=32, layers=1, dropout=0.1)
+        batches = PretrainBatches(recs, Labels(root / "text" / "labels.h5"), store, vocab, 22, negs, 8, seed,
+                                  {"mlm": 8, "mvcl": 1, "fda": 2})
+        assert [batches.task(s) for s in range(11)].count("fda") == 2
+        fda = batches.batch(batches.cycle.index("fda"))
+        assert fda["text"].shape[:2] == (1, 7) and fda["img1"].shape == (1, 12, 2, 2)
+        cfg = TrainConfig(iterations=14, lr=1e-3, batch_size=8, val_every=4, warmup_steps=3, noam=True)
+        summary = train(model, batches.batch, lambda m: (float(m.training), None), cfg, run_dir, len(batches.pairs),
+                        torch.device("cpu"), {"test": seed}, log=lambda r: None, stop_after=stop_after)
+    return model, summary
+
+
+def test_pretraining_resumes_to_identical_weights_and_same_seed_repeats(tmp_path):
+    write_tiny_dataset(tmp_path)
+    a, _ = pretrain(tmp_path, tmp_path / "a")
+    _, s = pretrain(tmp_path, tmp_path / "b", stop_after=9)  # interrupted; state saved at step 8
+    assert not s["finished"]
+    b, s = pretrain(tmp_path, tmp_path / "b")
+    assert s["finished"]
+    for (n, p), q in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(p, q), n
+    c, _ = pretrain(tmp_path, tmp_path / "c")  # same seed, fresh run
+    assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), c.state_dict().values()))
+    d, _ = pretrain(tmp_path, tmp_path / "d", seed=1)
+    assert not all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), d.state_dict().values()))
+
+
+def test_pretrain_stage_writes_a_checkpoint_that_fine_tuning_starts_from(tmp_path):
+    from pipeline import idc_pcl_pretrain as stage
+
+    write_tiny_dataset(tmp_path)
+    hp = {"model": {"hidden": 16, "heads": 2, "ff": 32, "layers": 1, "dropout": 0.1},
+          "tasks": {"mlm": 8, "mvcl": 1, "fda": 2},
+          "train": {"iterations": 6, "batch_size": 8, "lr": 1e-3, "val_every": 3, "warmup_steps": 2, "noam": True}}
+    args = argparse.Namespace(name="idc_pcl_pretrain", dataset="clevr_change", seed=0, hparams=json.dumps(hp),
+                              manifest=str(tmp_path / "manifest.jsonl"), text_dir=str(tmp_path / "text"),
+                              features=str(tmp_path / "feats.h5"), negatives=str(tmp_path / "negatives.jsonl"),
+                              run_dir=str(tmp_path / "run"), val_batches=1, device="cpu", threads=1)
+    stage.run(args)
+    ck = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)
+    assert ck["step"] == 6 and ck["tasks"] == {"mlm": 8, "mvcl": 1, "fda": 2}
+    log = [json.loads(line) for line in open(tmp_path / "run" / "train_log.jsonl")]
+    vals = [r for r in log if "validation" in r]
+    assert len(vals) == 2 and {"val_mlm_acc", "val_fda_acc", "val_mvcl"} <= set(vals[0])
+    from pipeline.text import Vocab
+
+    ft = IDCPCL(len(Vocab.load(tmp_path / "text" / "vocab.json")), feat_dim=12, hidden=16, heads=2, ff=32, layers=1)
+    assert len(ft.init_from(ck["model"])) == len(ft.state_dict())
+    summary = json.loads((tmp_path / "run" / "pretrain.json").read_text())
+    assert summary["fda_pairs_per_batch"] == 1 and summary["cycle"].count("mlm") == 8
