@@ -33,6 +33,12 @@ def raw_ready(dataset):
     return f"{raw_root(dataset)}/verified.json"
 
 
+def sorted_cfg(d):
+    """A config block with sorted keys: rule params are compared by their text, so reordering keys in a
+    config file (or rewriting it with a YAML dumper) must not look like a change."""
+    return {k: sorted_cfg(v) if isinstance(v, dict) else v for k, v in sorted(d.items())}
+
+
 def as_json(obj):
     # Params are compared between runs: changing a hyper-parameter re-runs exactly the rules using it.
     return json.dumps(obj, sort_keys=True)

@@ -3,8 +3,7 @@ rule synth_clevr_change:
     output:
         directory("resources/raw/clevr_change/synthetic"),
     params:
-        cfg=lambda w: dataset_cfg("clevr_change")["synthetic"],
-        key=lambda w: as_json(dataset_cfg("clevr_change")["synthetic"]),
+        cfg=lambda w: sorted_cfg(dataset_cfg("clevr_change")["synthetic"]),
     threads: lambda w: dataset_cfg("clevr_change")["synthetic"].get("workers", 1)
     log:
         "logs/clevr_change/synth.log",

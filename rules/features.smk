@@ -7,8 +7,7 @@ rule extract_features:
         "results/{dataset}/features/{backbone}.h5",
     params:
         root=lambda w: raw_root(w.dataset),
-        cfg=lambda w: config["features"][w.backbone],
-        key=lambda w: as_json(config["features"][w.backbone]),
+        cfg=lambda w: sorted_cfg(config["features"][w.backbone]),
     threads: workflow.cores
     resources:
         gpu=1,

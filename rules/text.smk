@@ -6,7 +6,7 @@ rule text:
         vocab="results/{dataset}/text/vocab.json",
         labels="results/{dataset}/text/labels.h5",
     params:
-        cfg=config["text"],
+        cfg=sorted_cfg(config["text"]),
     log:
         "logs/{dataset}/text.log",
     shell:

@@ -61,7 +61,7 @@ def test_changing_a_duda_hyperparameter_reruns_only_training_and_after(workdir, 
     cfg = yaml.safe_load(TEST_CONFIG.read_text())
     cfg["methods"]["duda"]["train"]["lr"] = 2e-3
     changed = tmp_path / "changed.yaml"
-    changed.write_text(yaml.safe_dump(cfg))
+    changed.write_text(yaml.safe_dump(cfg))  # sorts the keys too: reordering alone must not re-run anything
     p = smk(workdir, TABLE, "--dry-run", config=changed)
     assert planned_rules(p) == {"train", "decode_test", "evaluate", "table"}, p.stdout[-3000:]
 
