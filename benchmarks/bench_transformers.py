@@ -169,7 +169,7 @@ def naive_per_head_scorer_loss(m, batch):
     import pipeline.models.scorer as scorer_mod
 
     saved = scorer_mod.multihead_token_matching
-    scorer_mod.multihead_token_matching = lambda q, k, chunk=None: naive_multihead_token_matching(q, k)
+    scorer_mod.multihead_token_matching = lambda q, k, chunk=None, per_head=True: naive_multihead_token_matching(q, k)
     try:
         return m.training_loss(batch)[0]
     finally:
@@ -196,9 +196,9 @@ def measure(model_id: str, impl: str, batch_size: int, steps: int, threads: int)
     if threads:
         torch.set_num_threads(threads)
     torch.manual_seed(0)
-    model = build_model(model_id, 76, 1024, {})
+    model = build_model(model_id, 76, 1024, {"mtm_per_head": False} if impl == "ours_summed" else {})
     batch = make_batch(batch_size)
-    fn = {"ours": lambda m, b: m.training_loss(b)[0],
+    fn = {"ours": lambda m, b: m.training_loss(b)[0], "ours_summed": lambda m, b: m.training_loss(b)[0],
           "official": official_scorer_loss if model_id.startswith("scorer") else official_dirl_loss,
           "naive_per_head": naive_per_head_scorer_loss}[impl]
     opt = torch.optim.Adam(model.parameters(), 2e-4)
@@ -216,12 +216,12 @@ def measure(model_id: str, impl: str, batch_size: int, steps: int, threads: int)
     out = {"model": model_id, "impl": impl, "batch": batch_size, "threads": torch.get_num_threads(),
            "s_per_step": med, "steps_per_s": 1 / med, "cpu_s_per_step": statistics.median(cpu),
            "steps_timed": len(times), "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6}
-    if impl in ("ours", "official"):
+    if impl in ("ours", "ours_summed", "official"):
         model.eval()
         n = min(batch_size, 32)
         with torch.no_grad():
             t = time.perf_counter()
-            if impl == "ours":
+            if impl.startswith("ours"):
                 model.generate(batch["before"][:n], batch["sc"][:n], 24)
             else:
                 official_recompute_decode(model, batch["before"][:n], batch["sc"][:n], 24)
@@ -236,7 +236,8 @@ def main():
     ap.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up step (0: time one step)")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--models", nargs="*", default=["scorer_cbr", "dirl_ccr"])
-    ap.add_argument("--impls", nargs="*", default=["ours", "official"])
+    ap.add_argument("--impls", nargs="*", default=["ours", "official"],
+                    help="ours, ours_summed (our implementation of the official's summed-head matching), official")
     ap.add_argument("--naive-per-head", action="store_true")
     ap.add_argument("--repeats", type=int, default=1, help="alternate the implementations this many times (medians)")
     ap.add_argument("--one", nargs=2, metavar=("MODEL", "IMPL"), help=argparse.SUPPRESS)
@@ -249,7 +250,7 @@ def main():
     for m in a.models:
         for rep in range(a.repeats):  # implementations alternate, so that a change of machine load hits both
             for impl in impls:
-                if impl == "naive_per_head" and not m.startswith("scorer"):
+                if impl in ("naive_per_head", "ours_summed") and not m.startswith("scorer"):
                     continue
                 cmd = [sys.executable, __file__, "--one", m, impl, "--batch", str(a.batch), "--steps", str(a.steps),
                        "--threads", str(a.threads)]
@@ -276,12 +277,17 @@ def main():
             if "decode_s" in res:
                 line += f"  greedy decode {res['decode_pairs']} pairs {res['decode_s']:.2f} s"
             print(line, flush=True)
-        if (m, "ours") in results and (m, "official") in results:
-            o, r = results[(m, "ours")], results[(m, "official")]
-            print(f"{m:11s} speed-up over the official formulation: x{r['s_per_step'] / o['s_per_step']:.2f} "
-                  f"(train step, wall), x{r['cpu_s_per_step'] / o['cpu_s_per_step']:.2f} (process CPU), "
-                  f"x{r['decode_s'] / o['decode_s']:.2f} (greedy decoding); "
-                  f"peak RSS {o['peak_rss_gb']:.2f} vs {r['peak_rss_gb']:.2f} GB")
+        for ours, ref, what in (("ours", "official", "ours vs the official formulation"),
+                                ("ours_summed", "official", "ours (official's summed-head matching) vs the official"),
+                                ("ours", "naive_per_head", "ours vs the same per-head model computed naively")):
+            if (m, ours) not in results or (m, ref) not in results:
+                continue
+            o, r = results[(m, ours)], results[(m, ref)]
+            line = (f"{m:11s} {what}: x{r['s_per_step'] / o['s_per_step']:.2f} (train step, wall), "
+                    f"x{r['cpu_s_per_step'] / o['cpu_s_per_step']:.2f} (process CPU)")
+            if "decode_s" in r and "decode_s" in o:
+                line += f", x{r['decode_s'] / o['decode_s']:.2f} (greedy decoding)"
+            print(line + f"; peak RSS {o['peak_rss_gb']:.2f} vs {r['peak_rss_gb']:.2f} GB")
         if m in ANCHORS:
             s, gb, dec = ANCHORS[m]
             print(f"{m:11s} anchor, official code at batch 32 (performance-anchors.md): {s} s/step, {gb} GB, "

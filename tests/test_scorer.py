@@ -37,6 +37,7 @@ def test_multihead_matching_averages_per_head_matching():
     summed = torch.einsum("ahld,bhmd->ablm", q, k)  # the official single-head-on-concatenation form
     official = (summed.max(-1).values.mean(-1) + summed.max(-2).values.mean(-1)) / 2
     assert not torch.allclose(official, multihead_token_matching(q, k))
+    assert torch.allclose(official, multihead_token_matching(q, k, per_head=False))  # the comparison option
 
 
 @pytest.mark.parametrize("chunk", [None, 1, 64, 1 << 12])

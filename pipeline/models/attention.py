@@ -99,12 +99,10 @@ class CrossViewLayer(nn.Module):
         self.drop = nn.Dropout(out_dropout)
 
     def forward(self, bef: torch.Tensor, aft: torch.Tensor, return_qk: bool = False):
-        b = bef.size(0)
-        x = torch.cat([bef, aft])  # queries: before then after
-        q, k, v = self.attn.project_qkv(x)
-        # Keys and values come from the other image of the pair: swap the two halves.
-        k_sw, v_sw = torch.cat([k[b:], k[:b]]), torch.cat([v[b:], v[:b]])
-        y = self.norm(x + self.drop(self.attn.attend(q, k_sw, v_sw)))
-        out = (y[:b], y[b:])
-        # q and k per head [2B, h, N, d] (before rows first), reused by SCORER's token-wise matching.
-        return out + (q, k) if return_qk else out
+        # Each image is projected once; its keys/values serve the other image's queries (no concatenation).
+        qb, kb, vb = self.attn.project_qkv(bef)
+        qa, ka, va = self.attn.project_qkv(aft)
+        new_bef = self.norm(bef + self.drop(self.attn.attend(qb, ka, va)))
+        new_aft = self.norm(aft + self.drop(self.attn.attend(qa, kb, vb)))
+        # q and k per head [B, h, N, d] of both images, reused by SCORER's token-wise matching.
+        return (new_bef, new_aft, (qb, kb), (qa, ka)) if return_qk else (new_bef, new_aft)

@@ -97,16 +97,14 @@ class Transformer(CaptionModel):
     def training_loss(self, batch):
         before, sc, nsc = batch["before"], batch["sc"], batch["nsc"]
         b = before.size(0)
-        x = self.embed(torch.cat([before, sc, nsc]))
-        x_bef, x_aft = x[:b], x[b:]
+        x_bef, x_sc, x_nsc = self.embed(before), self.embed(sc), self.embed(nsc)
+        x_aft = torch.cat([x_sc, x_nsc])  # changed pairs, then distractor pairs
         loss_parts = {}
         aux = 0.0
         if self.decorrelation and self.dirl_weight > 0:
-            y = self.mlp(x)  # the before image's projection serves both of its pairs
-            n = x.size(1)
-            y_bef = y[:b].reshape(b * n, -1)
-            losses = [decorrelation_loss(channel_correlation(y_bef, y[s].reshape(b * n, -1)), self.offdiag_weight)
-                      for s in (slice(b, 2 * b), slice(2 * b, 3 * b))]
+            # Tokens as samples (all positions of the batch); the before image's projection serves both pairs.
+            y_bef, y_sc, y_nsc = (self.mlp(t).flatten(0, 1) for t in (x_bef, x_sc, x_nsc))
+            losses = [decorrelation_loss(channel_correlation(y_bef, y), self.offdiag_weight) for y in (y_sc, y_nsc)]
             dirl = 0.5 * losses[0] + 0.5 * losses[1]
             aux = aux + self.dirl_weight * dirl
             loss_parts["dirl"] = dirl.item()
@@ -127,9 +125,7 @@ class Transformer(CaptionModel):
 
     @torch.no_grad()
     def generate(self, before, after, max_len: int):
-        b = before.size(0)
-        x = self.embed(torch.cat([before, after]))
-        return self.decoder.greedy(self.encode(x[:b], x[b:]), max_len)
+        return self.decoder.greedy(self.encode(self.embed(before), self.embed(after)), max_len)
 
 
 class DIRL(Transformer):

@@ -52,20 +52,20 @@ def _scale(logit_scale: nn.Parameter) -> torch.Tensor:
     return logit_scale.clamp(max=MAX_LOGIT_SCALE).exp()
 
 
-def view_invariance_loss(q_bef, k_bef, q_aft, k_aft, logit_scale, chunk_elements=None) -> torch.Tensor:
+def view_invariance_loss(q_bef, k_bef, q_aft, k_aft, logit_scale, chunk_elements=None, per_head=True) -> torch.Tensor:
     """Eq. (4): InfoNCE over the batch on MTM(before→after) and MTM(after→before). Inputs per head [B, h, N, d]:
     the queries and keys of the before and after tokens (the last cross-view layer's projections)."""
-    s_ba = logit_scale * multihead_token_matching(q_bef, k_aft, chunk_elements)
-    s_ab = logit_scale * multihead_token_matching(q_aft, k_bef, chunk_elements)
+    s_ba = logit_scale * multihead_token_matching(q_bef, k_aft, chunk_elements, per_head)
+    s_ab = logit_scale * multihead_token_matching(q_aft, k_bef, chunk_elements, per_head)
     return info_nce_both_ways(s_ba, s_ab)
 
 
 class CBR(nn.Module):
     """Cross-modal backward reasoning: hallucinate the after image from the sentence and the before image."""
 
-    def __init__(self, dim: int = 512, heads: int = 8):
+    def __init__(self, dim: int = 512, heads: int = 8, per_head: bool = True):
         super().__init__()
-        self.heads = heads
+        self.heads, self.per_head = heads, per_head
         self.conv1 = nn.Linear(2 * dim, dim)  # 1×1 conv over [before; sentence]
         self.self_attn = MultiHeadAttention(dim, heads, dropout=0.0, bias=False)  # official: nn.MultiheadAttention(bias=False)
         self.conv2 = nn.Linear(dim, dim)
@@ -84,7 +84,8 @@ class CBR(nn.Module):
     def forward(self, bef, sentence, aft, chunk_elements=None) -> torch.Tensor:
         h = self.hallucinate(bef, sentence)
         split = lambda x: x.view(x.size(0), x.size(1), self.heads, -1).transpose(1, 2)
-        sim = _scale(self.logit_scale) * multihead_token_matching(split(self.query(h)), split(self.key(aft)), chunk_elements)
+        sim = _scale(self.logit_scale) * multihead_token_matching(split(self.query(h)), split(self.key(aft)),
+                                                                  chunk_elements, self.per_head)
         return info_nce_both_ways(sim)  # Eq. (11): hallucination→after rows and after→hallucination columns
 
 
@@ -97,7 +98,7 @@ class SCORER(CaptionModel):
                  grid: int = 14, dropout: float = 0.1, word_dim: int = 300, decoder_heads: int = 8,
                  decoder_layers: int = 2, decoder_ffn_dim: int = 512, decoder_activation: str = "gelu",
                  sim_weight: float = 0.1, cbr_weight: float = 0.001, cbr_heads: int = 8,
-                 mtm_chunk_elements: int | None = None):
+                 mtm_per_head: bool = True, mtm_chunk_elements: int | None = None):
         super().__init__()
         self.embed = GridEmbedding(feat_dim, dim, grid)
         if self.difference == "reconstruction":
@@ -107,7 +108,8 @@ class SCORER(CaptionModel):
             self.layers = nn.ModuleList()
             self.fuse = nn.Sequential(nn.Linear(dim, dim), nn.Dropout(dropout), nn.ReLU())
         self.logit_scale = nn.Parameter(torch.ones([])) if self.contrastive else None
-        self.cbr = CBR(dim, cbr_heads) if self.use_cbr else None
+        self.cbr = CBR(dim, cbr_heads, mtm_per_head) if self.use_cbr else None
+        self.per_head = mtm_per_head
         self.decoder = TransformerDecoder(vocab_size, dim, word_dim, decoder_heads, decoder_layers, decoder_ffn_dim,
                                           dropout, decoder_activation)
         self.sim_weight, self.cbr_weight = sim_weight, cbr_weight
@@ -123,14 +125,14 @@ class SCORER(CaptionModel):
             last = return_qk and i == len(self.layers) - 1
             bef, aft, *qk_i = layer(bef, aft, return_qk=last)
             qk = qk_i or qk
-        return self.fuse(torch.cat([bef, aft], -1)), qk
+        return self.fuse(torch.cat([bef, aft], -1)), qk  # qk: ((q_bef, k_bef), (q_aft, k_aft)) or None
 
     def training_loss(self, batch):
         before, sc, nsc = batch["before"], batch["sc"], batch["nsc"]
         b = before.size(0)
-        x = self.embed(torch.cat([before, sc, nsc]))
-        x_bef, x_aft = x[:b], x[b:]  # after tokens: changed pairs, then distractor pairs
-        x_bef2 = torch.cat([x_bef, x_bef])  # the before image is embedded once for both of its pairs
+        x_bef = self.embed(before)  # embedded once for both of its pairs
+        x_aft = torch.cat([self.embed(sc), self.embed(nsc)])  # changed pairs, then distractor pairs
+        x_bef2 = torch.cat([x_bef, x_bef])
         need_qk = self.contrastive and self.sim_weight > 0
         diff, qk = self.encode(x_bef2, x_aft, return_qk=need_qk)
         labels = torch.cat([batch["pos_labels"], batch["neg_labels"]]).long()
@@ -141,12 +143,11 @@ class SCORER(CaptionModel):
         loss = 0.5 * ce_pos + 0.5 * ce_neg
         parts = {"ce_pos": ce_pos.item(), "ce_neg": ce_neg.item()}
         if need_qk:
-            q, k = qk  # [2·2B, h, N, d]: rows 0..2B-1 are the before queries/keys, 2B.. the after ones
-            n2 = 2 * b
+            (q_bef, k_bef), (q_aft, k_aft) = qk  # per head [2B, h, N, d]: changed pairs, then distractor pairs
             sims = []
-            for sl in (slice(0, b), slice(b, n2)):  # changed pairs, distractor pairs: separate batches
-                sims.append(view_invariance_loss(q[:n2][sl], k[:n2][sl], q[n2:][sl], k[n2:][sl],
-                                                 _scale(self.logit_scale), self.chunk))
+            for sl in (slice(0, b), slice(b, 2 * b)):  # changed pairs, distractor pairs: separate batches
+                sims.append(view_invariance_loss(q_bef[sl], k_bef[sl], q_aft[sl], k_aft[sl],
+                                                 _scale(self.logit_scale), self.chunk, self.per_head))
             sim = 0.5 * sims[0] + 0.5 * sims[1]
             loss = loss + self.sim_weight * sim
             parts["sim"] = sim.item()
@@ -161,9 +162,7 @@ class SCORER(CaptionModel):
 
     @torch.no_grad()
     def generate(self, before, after, max_len: int):
-        b = before.size(0)
-        x = self.embed(torch.cat([before, after]))
-        return self.decoder.greedy(self.encode(x[:b], x[b:])[0], max_len)
+        return self.decoder.greedy(self.encode(self.embed(before), self.embed(after))[0], max_len)
 
 
 class SCORERCBR(SCORER):

@@ -204,8 +204,16 @@ def token_matching(q: torch.Tensor, k: torch.Tensor, chunk_elements: int | None 
     return t2v.permute(1, 2, 0), v2t.permute(1, 2, 0)
 
 
-def multihead_token_matching(q: torch.Tensor, k: torch.Tensor, chunk_elements: int | None = None) -> torch.Tensor:
-    """MTM (Eqs. 2-3): ``[A, B]`` similarities, (t2v + v2t) / 2 averaged over the heads."""
+def multihead_token_matching(q: torch.Tensor, k: torch.Tensor, chunk_elements: int | None = None,
+                             per_head: bool = True) -> torch.Tensor:
+    """MTM (Eqs. 2-3): ``[A, B]`` similarities, (t2v + v2t) / 2 averaged over the heads.
+
+    ``per_head=False`` computes what the official code computes instead: the heads' dot products summed
+    before the max, i.e. single-head matching of the concatenated vectors (for comparisons only).
+    """
+    if not per_head:
+        q = q.transpose(1, 2).reshape(q.shape[0], 1, q.shape[2], -1)
+        k = k.transpose(1, 2).reshape(k.shape[0], 1, k.shape[2], -1)
     t2v, v2t = token_matching(q, k, chunk_elements)
     return ((t2v + v2t) / 2).mean(-1)
 
