@@ -238,7 +238,7 @@ def test_hdf5_round_trip_through_the_stage(tmp_path):
         assert store.shape == (1024, 4, 4)
         a = store.attrs
         assert a["backbone"] == "resnet101_layer3" and a["layer"] == "layer3" and a["weights"] == (
-            "random(seed=3, BN calibrated on 5 dataset images, mean scaled to 0.5)")
+            "random(seed=3, zero-init residuals, BN calibrated on 5 dataset images, mean scaled to 0.5)")
         assert a["input_size"] == 64 and a["dtype"] == "float16" and a["complete"] is True
         assert a["mean"] == pytest.approx(MEAN) and a["std"] == pytest.approx(STD) and a["code_version"]
         # values: the same trunk run directly on the same images

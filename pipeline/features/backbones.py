@@ -111,14 +111,21 @@ def forward_features(model: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
 def init_random_(model: nn.Module, seed: int, calibration: torch.Tensor | None = None) -> nn.Module:
     """Seeded random init, independent of transformers' init code (so it does not change between versions).
 
-    Conv weights are Kaiming-normal (fan_out, ReLU) as torchvision's, BatchNorm γ=1, β=0. With identity
-    BatchNorm statistics a random ResNet-101 grows its activations to ~1e4-1e5 at layer3/layer4 (beyond
+    Conv weights are Kaiming-normal (fan_out, ReLU) as torchvision's, BatchNorm γ=1, β=0, except the last
+    BatchNorm of every residual branch: γ=0 (torchvision's ``zero_init_residual``, Goyal et al. 2017), so each
+    bottleneck starts as its shortcut. Why: with γ=1 the 23 random residual branches of layer3 make the
+    features chaotic: on the synthetic CLEVR-Change, the largest per-location feature change separated a
+    semantic change from a camera/light distractor in 50% of triplets (chance), against 65% with zero-init
+    residuals (84% for colour changes) and 88% on 14×14-downsampled pixels; DUDA then learnt only to say
+    "no change". With identity BatchNorm statistics a random ResNet-101 grows its activations to ~1e4-1e5 at layer3/layer4 (beyond
     float16), so the BatchNorm running statistics are then calibrated (:func:`calibrate_batchnorm_`) on
     ``calibration``, a batch of normalised images — the extract stage passes a fixed sample of the
-    dataset's own images, which gives layer3 features of mean ≈ 3, std ≈ 4 on CLEVR-like renders. Without
+    dataset's own images (the extract stage then rescales the output to a fixed mean activation). Without
     it, a seeded Gaussian noise batch is used (data-free; on smooth rendered images this leaves the features
     ~100× larger: fine for tests, not for training). Deterministic for a seed on a given machine (CPU).
     """
+    from transformers.models.resnet.modeling_resnet import ResNetBottleNeckLayer
+
     gen = torch.Generator(device="cpu")
     gen.manual_seed(int(seed))
     with torch.no_grad():
@@ -137,6 +144,9 @@ def init_random_(model: nn.Module, seed: int, calibration: torch.Tensor | None =
                 module.running_var.fill_(1.0)
                 if module.num_batches_tracked is not None:
                     module.num_batches_tracked.zero_()
+        for module in model.modules():
+            if isinstance(module, ResNetBottleNeckLayer):
+                module.layer[-1].normalization.weight.zero_()  # zero_init_residual
     if calibration is None:
         calibration = torch.randn((4, 3, 128, 128), generator=gen, dtype=torch.float32)
     return calibrate_batchnorm_(model, calibration)

@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> None:
                                                  for k in picks]))
         weights_mod.apply_weights(model, resolved, calibration)
         scale = RANDOM_FEATURE_MEAN / float(backbones.Extractor.from_model(model, device)(calibration).mean())
-        resolved = dataclasses.replace(resolved, identity=f"{resolved.identity[:-1]}, BN calibrated on "
+        resolved = dataclasses.replace(resolved, identity=f"{resolved.identity[:-1]}, zero-init residuals, BN calibrated on "
                                        f"{len(picks)} dataset images, mean scaled to {RANDOM_FEATURE_MEAN})")
     else:
         weights_mod.apply_weights(model, resolved)
