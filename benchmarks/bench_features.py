@@ -9,7 +9,9 @@
 (b) ours: :class:`pipeline.features.backbones.Extractor` (BatchNorm folded into the convolutions,
     channels_last, CPU micro-batches; bf16 autocast on CUDA).
 Both on the same random inputs, steps interleaved a, b, a, b, ... after warm-up so that load from other
-processes hits both alike; the figures are medians. Weights are random (speed does not depend on them).
+processes hits both alike; the figures are medians. Weights are random with every residual branch live, as
+in a trained trunk (``weights: random`` starts the branches at zero and the extractor then skips them: that
+default path is timed separately as ``ours_zero_residuals``).
 The end-to-end option times :func:`pipeline.features.extract.extract_to_hdf5`: PNG decoding (background
 thread), the CNN and HDF5 writing, model building excluded.
 """
@@ -57,15 +59,31 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
+def trained_like(model):
+    """Random weights with every residual branch live (γ = 1 in their last BatchNorm), so that no block is
+    skipped: the cost of a trained (ImageNet) trunk."""
+    import torch
+
+    from pipeline.features import backbones
+
+    backbones.init_random_(model, 0)
+    with torch.no_grad():
+        for m in model.modules():
+            if type(m).__name__ == "ResNetBottleNeckLayer":
+                m.layer[-1].normalization.weight.fill_(1.0)
+    backbones.calibrate_batchnorm_(model, torch.randn((4, 3, 128, 128), generator=torch.Generator().manual_seed(0)))
+    return model
+
+
 def bench_compute(args, device) -> dict:
     import torch
 
     from pipeline.features import backbones
 
-    model = backbones.build_backbone(args.backbone)
-    backbones.init_random_(model, 0)
-    model = model.to(device).eval()
+    model = trained_like(backbones.build_backbone(args.backbone)).to(device).eval()
     ours = backbones.Extractor.from_model(model, device)
+    default = backbones.Extractor.from_model(backbones.init_random_(backbones.build_backbone(args.backbone), 0),
+                                             device)
     gen = torch.Generator().manual_seed(0)
     x = torch.randn((args.batch_size, 3, args.image_size, args.image_size), generator=gen)
     x_dev = x.to(device)
@@ -77,7 +95,10 @@ def bench_compute(args, device) -> dict:
     def mine():
         ours(x)
 
-    variants = {"plain": plain, "ours": mine}
+    def mine_default():
+        default(x)
+
+    variants = {"plain": plain, "ours": mine, "ours_zero_residuals": mine_default}
     times = {k: [] for k in variants}
     cpu = {k: [] for k in variants}
     for _ in range(args.warmup):
@@ -92,7 +113,8 @@ def bench_compute(args, device) -> dict:
             times[name].append(time.perf_counter() - t)
             cpu[name].append(time.process_time() - c)
         print(f"  step {step + 1}/{args.steps}: plain {args.batch_size / times['plain'][-1]:.2f} img/s, "
-              f"ours {args.batch_size / times['ours'][-1]:.2f} img/s", flush=True)
+              f"ours {args.batch_size / times['ours'][-1]:.2f} img/s, ours with weights: random "
+              f"{args.batch_size / times['ours_zero_residuals'][-1]:.2f} img/s", flush=True)
     res = {}
     for name in variants:
         res[name] = {"images_per_s": args.batch_size / statistics.median(times[name]),
@@ -142,8 +164,7 @@ def bench_e2e(args, device) -> dict:
         if not keys:
             raise SystemExit(f"no PNGs under {args.e2e_dir}")
         spec = backbones.get_spec(args.backbone)
-        model = backbones.build_backbone(args.backbone)
-        backbones.init_random_(model, 0)
+        model = trained_like(backbones.build_backbone(args.backbone))
         extractor = backbones.Extractor.from_model(model, device)
         settings = FeatureSettings(backbone=spec.id, layer=spec.layer, weights="random(seed=0)",
                                    input_size=args.image_size, mean=(0.485, 0.456, 0.406),
@@ -179,6 +200,8 @@ def main(argv=None) -> int:
         print(f"(b) ours (BN folded, channels_last{', bf16' if device.type == 'cuda' else ''}): "
               f"{res['ours']['images_per_s']:.2f} images/s (best {res['ours']['best_images_per_s']:.2f}, "
               f"{res['ours']['cpu_s_per_image']:.3f} CPU-s/image)")
+        print(f"(c) ours with the default `weights: random` (zero residual branches skipped, exact): "
+              f"{res['ours_zero_residuals']['images_per_s']:.2f} images/s")
         print(f"ratio b/a: {res['ratio']:.2f}x median, {res['ratio_best']:.2f}x best (target >= 2x); "
               f"max |b - a| / max |a| = {res['max_rel_diff']:.1e}")
         print("anchors (performance-anchors.md, same machine kind): plain fp32 3.86, BN folded + channels_last "

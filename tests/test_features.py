@@ -176,6 +176,23 @@ def test_bn_folding_matches_eval_model():
     assert ((bf16 - ref).norm() / ref.norm()) < 0.05
 
 
+def test_zero_residual_branches_are_skipped_exactly():
+    # weights: random starts every residual branch at zero (zero_init_residual): the prepared trunk skips them
+    model = backbones.init_random_(backbones.build_backbone("resnet101_layer3", depths=(2, 2, 3)), 4)
+    last_bns = [b.layer[-1].normalization.weight for b in model.modules()
+                if type(b).__name__ == "ResNetBottleNeckLayer"]
+    assert len(last_bns) == 7 and all(not w.any() for w in last_bns)
+    x = torch.randn(3, 3, 64, 64, generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        ref = backbones.forward_features(model, x)
+    fast = backbones.Extractor.from_model(model)
+    assert sum(isinstance(m, backbones.ShortcutOnly) for m in fast.model.modules()) == 7
+    torch.testing.assert_close(fast(x), ref, rtol=1e-4, atol=1e-5 * ref.abs().max())
+    # a trained trunk (non-zero branches) keeps every block
+    trained = backbones.fold_batchnorm(shallow_model(seed=1))
+    assert backbones.drop_zero_residuals(trained) == 0
+
+
 def test_layer3_output_is_1024x14x14_at_224():
     model = backbones.build_backbone("resnet101_layer3")  # full depth
     backbones.init_random_(model, 0, torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0)))
