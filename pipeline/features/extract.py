@@ -108,8 +108,8 @@ def run(args: argparse.Namespace) -> None:
     if resolved.kind == "random":
         # A random backbone stands in for the ImageNet one: its BatchNorm statistics come from a fixed sample
         # of this dataset's images, and its output is scaled so that the sample's mean activation is that of
-        # an ImageNet ResNet (RANDOM_FEATURE_MEAN). Unscaled, layer3 features average ~3 (~200 with data-free
-        # calibration), and DUDA's sum-pooled vectors saturate its LSTMs for hundreds of steps.
+        # an ImageNet ResNet (RANDOM_FEATURE_MEAN), so that every method sees inputs of the scale its
+        # hyper-parameters were tuned for (DUDA sums its features over the 14x14 grid).
         picks = sorted({keys[int(i)] for i in np.linspace(0, len(keys) - 1, min(CALIBRATION_IMAGES, len(keys)))})
         calibration = torch.from_numpy(np.stack([load_image(raw_dir / k, args.image_size, args.mean, args.std)
                                                  for k in picks]))
