@@ -34,7 +34,7 @@ import torch
 from pipeline.data import TrainBatches
 from pipeline.datasets.clevr_change import NO_CHANGE
 from pipeline.datasets.manifest import load as load_manifest
-from pipeline.engine import save, train
+from pipeline.engine import discard_resume_state, save, train
 from pipeline.errors import PipelineError
 from pipeline.features.store import FeatureStore
 from pipeline.retrieval import retrieval_metrics
@@ -219,6 +219,7 @@ def run(args: argparse.Namespace) -> None:
     ck.update({"stage": "adapt-clip4idc", "name": args.name, "model_hparams": model_hp, "text_tokens": mode,
                "weights_identity": model.weights_identity})
     save(run_dir / "checkpoint.pt", ck)
+    discard_resume_state(run_dir)
     print(f"adapt-clip4idc: {args.name} seed {args.seed}: selected step {summary['best_step']} "
           f"(val R-sum {summary['best_score']:.3f}); test pair->text R@1 {test['pair_to_text']['R@1']:.3f}, "
           f"text->pair R@1 {test['text_to_pair']['R@1']:.3f}; {summary['steps_per_s']:.3f} steps/s")

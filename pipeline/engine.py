@@ -63,6 +63,13 @@ def save(path: Path, obj) -> None:
         torch.save(obj, tmp)
 
 
+def discard_resume_state(run_dir: Path) -> None:
+    """Delete ``resume.pt`` once a stage has written all its outputs: it only serves to continue an interrupted
+    run (a finished run is never resumed: another configuration starts over, the same one is up to date),
+    and it is large (optimiser moments: 1.3-1.5 GB for each CLIP run)."""
+    (Path(run_dir) / "resume.pt").unlink(missing_ok=True)
+
+
 def train(model: torch.nn.Module, batch: Callable[[int], dict], validate: Callable, cfg: TrainConfig,
           run_dir: Path, n_train: int, device: torch.device, identity: dict,
           on_best: Callable[[dict], None] | None = None, log: Callable[[dict], None] = print,

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from pipeline.datasets.manifest import load as load_manifest
-from pipeline.engine import train
+from pipeline.engine import discard_resume_state, train
 from pipeline.errors import PipelineError
 from pipeline.features.store import FeatureStore
 from pipeline.models.idc_pcl import TASKS, IDCPCL
@@ -218,5 +218,6 @@ def run(args: argparse.Namespace) -> None:
             "device": device.type, "config": hp,
             "history": summary["history"],
         })
+    discard_resume_state(run_dir)
     print(f"pretrain: {args.name} seed {args.seed}: {cfg.iterations} steps ({'/'.join(cycle)}), "
           f"{summary['steps_per_s']:.2f} steps/s")

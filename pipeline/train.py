@@ -16,7 +16,7 @@ import torch
 
 from pipeline.data import TrainBatches, eval_batches
 from pipeline.datasets.manifest import load as load_manifest
-from pipeline.engine import TrainConfig, train
+from pipeline.engine import TrainConfig, discard_resume_state, train
 from pipeline.errors import PipelineError
 from pipeline.features.store import FeatureStore
 from pipeline.models import build_model
@@ -143,5 +143,6 @@ def run(args: argparse.Namespace) -> None:
     from pipeline.engine import save
 
     save(run_dir / "checkpoint.pt", ck)
+    discard_resume_state(run_dir)
     print(f"train: {args.method} seed {args.seed}: selected step {summary['best_step']} "
           f"(val CIDEr-D {summary['best_score']:.3f}), {summary['steps_per_s']:.2f} steps/s")

@@ -50,6 +50,9 @@ def test_dag_writes_the_table_with_reproduced_sanity_and_paper_rows(workdir):
     for name in ("checkpoint.pt", "predictions_val.json", "predictions_test.json", "metrics.json", "run.json"):
         assert (workdir / "results/clevr_change/duda/seed0" / name).is_file()
     assert (workdir / "logs/benchmarks/clevr_change/duda/seed0/train.tsv").is_file()
+    # finished runs keep their selected checkpoint, not the (large) state for resuming an interruption
+    assert (workdir / "results/clevr_change/clip4idc_adapt/seed0/checkpoint.pt").is_file()
+    assert not list((workdir / "results").rglob("resume.pt"))
 
 
 def test_second_run_does_nothing(workdir):
