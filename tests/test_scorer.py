@@ -40,8 +40,18 @@ def test_multihead_matching_averages_per_head_matching():
     assert torch.allclose(official, multihead_token_matching(q, k, per_head=False))  # the comparison option
 
 
+@pytest.mark.parametrize("threads", [1, 3])  # 3: the chunk loops split over worker threads, unevenly
 @pytest.mark.parametrize("chunk", [None, 1, 64, 1 << 12])
-def test_chunked_matching_and_its_gradient_equal_the_naive_formula(chunk):
+def test_chunked_matching_and_its_gradient_equal_the_naive_formula(chunk, threads, monkeypatch):
+    real = torch.get_num_threads()
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)  # the split follows torch's thread count
+    try:
+        _check_chunked_matching(chunk)
+    finally:
+        torch.set_num_threads(real)  # the code under test restores "its" count (the fake one)
+
+
+def _check_chunked_matching(chunk):
     g = torch.Generator().manual_seed(0)
     q = torch.randn(5, 3, 7, 4, generator=g, dtype=torch.float64, requires_grad=True)
     k = torch.randn(6, 3, 9, 4, generator=g, dtype=torch.float64, requires_grad=True)

@@ -22,7 +22,8 @@ matching (the paper's Fig. 3 ablates exactly "TM without multi-head").
 
 from __future__ import annotations
 
-import contextlib
+import concurrent.futures as cf
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -30,24 +31,42 @@ import torch.nn.functional as F
 # Similarity numbers computed per chunk: small enough to stay in the CPU caches, big enough to amortise
 # the per-call overhead (measured with benchmarks/bench_transformers.py).
 CHUNK_ELEMENTS = {"cpu": 1 << 19, "cuda": 1 << 27}
-# The backward pass gathers [h, chunk, N, B, d] winning keys / queries per chunk of query items.
-BACKWARD_ELEMENTS = {"cpu": 1 << 22, "cuda": 1 << 27}
 
 
-@contextlib.contextmanager
-def _serial_on_cpu(device: torch.device):
-    """Run the chunk loop on one intra-op thread on CPU. Its thousands of small, cache-sized operations each
-    open an OpenMP parallel region; on a busy machine a descheduled worker stalls every one of them (measured
-    here: the forward at batch 8 took 11-21 s with 2 threads under load against 0.5 s with 1)."""
+_POOLS: dict[int, cf.ThreadPoolExecutor] = {}
+
+
+def _run_parallel(device: torch.device, work: Callable[[int, int], None], n_items: int) -> None:
+    """Run ``work(lo, hi)`` over contiguous parts of ``range(n_items)``.
+
+    On CPU the chunk loops are made of thousands of small, cache-sized operations. Run each on one intra-op
+    thread and give every core its own part of the loop instead: an OpenMP parallel region per small
+    operation stalls on a busy machine whenever one worker is descheduled (measured here: the forward at
+    batch 8 took 11-21 s with 2 OpenMP threads under load against 0.5 s on one thread), while independent
+    workers just proceed. Each part writes disjoint outputs, so the result does not depend on the timing.
+    """
     if device.type != "cpu":
-        yield
+        work(0, n_items)
         return
-    n = torch.get_num_threads()
+    n_threads = torch.get_num_threads()
+    parts = max(1, min(n_threads, n_items))
+    bounds = [n_items * i // parts for i in range(parts + 1)]
+    grad = torch.is_grad_enabled()  # thread-local: the workers must see the caller's mode
+
+    def run(lo, hi):
+        with torch.set_grad_enabled(grad):
+            work(lo, hi)
+
     torch.set_num_threads(1)
     try:
-        yield
+        if parts == 1:
+            work(0, n_items)
+        else:
+            pool = _POOLS.get(parts) or _POOLS.setdefault(parts, cf.ThreadPoolExecutor(parts, "token-matching"))
+            for f in [pool.submit(run, lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]:
+                f.result()
     finally:
-        torch.set_num_threads(n)
+        torch.set_num_threads(n_threads)
 
 
 def _budget(table: dict, device: torch.device, override: int | None) -> int:
@@ -116,21 +135,22 @@ class _TokenMax(torch.autograd.Function):
         idx2 = torch.empty(h, a_n, b_n, m, dtype=idx_dtype, device=q.device)  # argmax over l of each (a, b, m)
         # The sign trick needs exact integer sums: float32/64 on CPU with fewer than 2^12 tokens.
         fast = q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64) and max(n, m) < 2**12
-        with _serial_on_cpu(q.device):
-            t2v, v2t = _TokenMax._forward_chunks(q, kt, t2v, v2t, idx1, idx2, fast, chunk_elements)
+        chunks = list(_chunks(a_n, b_n, h * n * m, _budget(CHUNK_ELEMENTS, q.device, chunk_elements)))
+        _run_parallel(q.device, lambda lo, hi: _TokenMax._forward_chunks(q, kt, t2v, v2t, idx1, idx2, fast,
+                                                                          chunks[lo:hi]), len(chunks))
         ctx.save_for_backward(q, k, idx1, idx2)
         return t2v, v2t
 
     @staticmethod
-    def _forward_chunks(q, kt, t2v, v2t, idx1, idx2, fast, chunk_elements):
+    def _forward_chunks(q, kt, t2v, v2t, idx1, idx2, fast, chunks):
         h, a_n, n, d = q.shape
-        b_n, m = idx2.shape[2], idx2.shape[3]
+        m = idx2.shape[3]
         acc = t2v.dtype
         if fast:
             pos_n = torch.arange(n, dtype=q.dtype).view(1, n)
             pos_m = torch.arange(m, dtype=q.dtype)
         buf = work = None
-        for a0, a1, b0, b1 in _chunks(a_n, b_n, h * n * m, _budget(CHUNK_ELEMENTS, q.device, chunk_elements)):
+        for a0, a1, b0, b1 in chunks:
             ca, cb = a1 - a0, b1 - b0
             if buf is None or buf.numel() != h * ca * n * cb * m:  # reused: fresh pages cost more than the product
                 buf = q.new_empty(h, ca * n, cb * m)
@@ -155,35 +175,47 @@ class _TokenMax(torch.autograd.Function):
         qf, kf = q.to(acc), k.to(acc)
         dq = torch.zeros(h * a_n * n, d, device=q.device, dtype=acc)
         dk = torch.zeros(h * b_n * m, d, device=q.device, dtype=acc)
-        budget = _budget(BACKWARD_ELEMENTS, q.device, None)
-        ca = max(1, min(a_n, budget // (h * b_n * max(n, m) * d)))
-        with _serial_on_cpu(q.device):
-            _TokenMax._backward_chunks(g1, g2, qf, kf, idx1, idx2, dq, dk, ca)
+        w1 = None if g1 is None else g1.to(acc) / n  # d t2v / d s = 1/N at each row's winner
+        w2 = None if g2 is None else g2.to(acc) / m  # d v2t / d s = 1/M at each column's winner
+        # dq rows belong to one query item (disjoint between parts); dk is shared: one accumulator per part,
+        # summed in a fixed order afterwards.
+        dks: dict[int, torch.Tensor] = {}
+
+        def part(lo, hi):
+            dks[lo] = dk if lo == 0 else torch.zeros_like(dk)
+            _TokenMax._backward_items(w1, w2, qf, kf, idx1, idx2, dq, dks[lo], range(lo, hi))
+
+        _run_parallel(q.device, part, a_n)
+        for lo in sorted(dks)[1:]:
+            dk += dks[lo]
         return dq.view(h, a_n, n, d).to(q.dtype), dk.view(h, b_n, m, d).to(k.dtype), None
 
     @staticmethod
-    def _backward_chunks(g1, g2, qf, kf, idx1, idx2, dq, dk, ca):
+    def _backward_items(w1, w2, qf, kf, idx1, idx2, dq, dk, items):
+        """One query item at a time: gather the winners, weight, and add them to dq and dk. Scratch memory is
+        reused ([h, N, B, d] per item: 51 MB at batch 128), since fresh pages cost more than the arithmetic."""
         h, a_n, n, d = qf.shape
         b_n, m = kf.shape[1], kf.shape[2]
-        acc, q = qf.dtype, qf
+        dev = qf.device
         k_rows, q_rows = kf.reshape(h * b_n * m, d), qf.reshape(h * a_n * n, d)
-        hb = torch.arange(h, device=q.device).view(h, 1, 1, 1)
-        br = torch.arange(b_n, device=q.device).view(1, 1, 1, b_n)
-        for a0 in range(0, a_n, ca):
-            a1 = min(a_n, a0 + ca)
-            if g1 is not None:  # t2v: query token (a, l) won key token (b, idx1) of each b
-                krow = ((hb * b_n + br) * m + idx1[:, a0:a1].long()).reshape(-1)  # rows of k_rows, [h, ca, N, B]
-                w = (g1[:, a0:a1].to(acc) / n).unsqueeze(2).unsqueeze(-1)  # [h, ca, 1, B, 1]
-                kg = k_rows.index_select(0, krow).view(h, a1 - a0, n, b_n, d)
-                dq.view(h, a_n, n, d)[:, a0:a1] += (kg * w).sum(3)
-                dk.index_add_(0, krow, (qf[:, a0:a1].unsqueeze(3) * w).reshape(-1, d))
-            if g2 is not None:  # v2t: key token (b, m) won query token (a, idx2) of each a
-                ar = torch.arange(a0, a1, device=q.device).view(1, -1, 1, 1)
-                qrow = ((hb * a_n + ar) * n + idx2[:, a0:a1].long()).reshape(-1)  # rows of q_rows, [h, ca, B, M]
-                w = (g2[:, a0:a1].to(acc) / m).unsqueeze(-1).unsqueeze(-1)  # [h, ca, B, 1, 1]
-                qg = q_rows.index_select(0, qrow).view(h, a1 - a0, b_n, m, d)
-                dk.view(h, b_n, m, d).add_((qg * w).sum(1))
-                dq.index_add_(0, qrow, (kf.unsqueeze(1) * w).reshape(-1, d))
+        dq4, dk4 = dq.view(h, a_n, n, d), dk.view(h, b_n, m, d)
+        krow_base = ((torch.arange(h, device=dev).view(h, 1, 1) * b_n + torch.arange(b_n, device=dev)) * m)  # [h, 1, B]
+        scratch = torch.empty(h * max(n, m) * b_n, d, device=dev, dtype=qf.dtype)
+        for a in items:
+            if w1 is not None:  # t2v: query token (a, l) won key token (b, idx1[a, l, b]) of each key item b
+                krow = (krow_base + idx1[:, a].long()).reshape(-1)  # rows of k_rows, [h, N, B]
+                kg = torch.index_select(k_rows, 0, krow, out=scratch[:krow.numel()]).view(h, n, b_n, d)
+                wa = w1[:, a]  # [h, B]
+                dq4[:, a] += torch.matmul(wa.view(h, 1, 1, b_n), kg).view(h, n, d)  # Σ_b w[b]·k[b, winner]
+                src = torch.mul(qf[:, a].unsqueeze(2), wa.view(h, 1, b_n, 1), out=kg)  # w[b]·q[a, l]
+                dk.index_add_(0, krow, src.view(-1, d))
+            if w2 is not None:  # v2t: key token (b, m) won query token (a, idx2[a, b, m])
+                qrow = ((torch.arange(h, device=dev).view(h, 1, 1) * a_n + a) * n + idx2[:, a].long()).reshape(-1)
+                qg = torch.index_select(q_rows, 0, qrow, out=scratch[:qrow.numel()]).view(h, b_n, m, d)
+                wa = w2[:, a].view(h, b_n, 1, 1)
+                dk4.addcmul_(qg, wa)
+                src = torch.mul(kf, wa, out=qg)
+                dq.index_add_(0, qrow, src.view(-1, d))
 
 
 def token_matching(q: torch.Tensor, k: torch.Tensor, chunk_elements: int | None = None):
