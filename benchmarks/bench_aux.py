@@ -19,25 +19,16 @@ import time
 import torch
 
 from pipeline.models.aux_training import AuxiliaryTraining
-from pipeline.text import END, START
+from batches import feature_batch
 
 
-def make_batch(b, vocab=76, length=24):
-    g = torch.Generator().manual_seed(0)
-    lab = torch.randint(4, vocab, (2, b, length), generator=g)
-    lab[:, :, 0] = START
-    lab[:, :, 16] = END
-    lab[:, :, 17:] = 0
-    return {"before": torch.randn(b, 1024, 14, 14, generator=g), "sc": torch.randn(b, 1024, 14, 14, generator=g),
-            "nsc": torch.randn(b, 1024, 14, 14, generator=g), "pos_labels": lab[0], "neg_labels": lab[1],
-            "type": torch.zeros(b, dtype=torch.long), "epoch": torch.tensor(0)}
 
 
 def bench(batch_size, steps, hard):
     torch.manual_seed(0)
     model = AuxiliaryTraining(vocab_size=76, feat_dim=1024)  # paper-sized DUDA, TIRG's 512-d space
     opt = torch.optim.Adam(model.parameters(), 1e-4)
-    batch = make_batch(batch_size)
+    batch = feature_batch(batch_size)
     batch["epoch"] = torch.tensor(100 if hard else 0)
     kinds = {
         "duda": lambda: model.primary.training_loss(batch)[0],

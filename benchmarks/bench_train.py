@@ -18,18 +18,9 @@ import torch
 
 from pipeline.models import duda_reference
 from pipeline.models.duda import DUDA
-from pipeline.text import END, START
+from batches import feature_batch
 
 
-def make_batch(b, vocab=76, length=24):
-    g = torch.Generator().manual_seed(0)
-    lab = torch.randint(4, vocab, (2, b, length), generator=g)
-    lab[:, :, 0] = START
-    lab[:, :, 16] = END
-    lab[:, :, 17:] = 0
-    return {"before": torch.randn(b, 1024, 14, 14, generator=g), "sc": torch.randn(b, 1024, 14, 14, generator=g),
-            "nsc": torch.randn(b, 1024, 14, 14, generator=g), "pos_labels": lab[0], "neg_labels": lab[1],
-            "type": torch.zeros(b, dtype=torch.long)}
 
 
 def time_steps(fn, model, batch, steps):
@@ -56,7 +47,7 @@ def main():
         torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     model = DUDA(vocab_size=76)
-    batch = make_batch(a.batch)
+    batch = feature_batch(a.batch)
     ours = time_steps(lambda m, b: m.training_loss(b)[0], model, batch, a.steps)
     ref = time_steps(duda_reference.training_loss, model, batch, a.steps)
     print(f"DUDA train step, batch {a.batch}, torch threads {torch.get_num_threads()}")

@@ -44,20 +44,12 @@ import torch.nn.functional as F
 from pipeline.models import build_model
 from pipeline.models.common import sequence_ce
 from pipeline.models.token_matching import info_nce, naive_multihead_token_matching
-from pipeline.text import END, START
+from batches import feature_batch
+from pipeline.text import START
 
 ANCHORS = {"scorer_cbr": (17.9, 4.0, 5.1), "dirl_ccr": (15.7, 4.4, 8.6)}  # s/step, GB, s decode (batch 32)
 
 
-def make_batch(b, vocab=76, length=24, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    lab = torch.randint(4, vocab, (2, b, length), generator=g)
-    lab[:, :, 0] = START
-    lab[:, :, 16] = END
-    lab[:, :, 17:] = 0
-    return {"before": torch.randn(b, 1024, 14, 14, generator=g), "sc": torch.randn(b, 1024, 14, 14, generator=g),
-            "nsc": torch.randn(b, 1024, 14, 14, generator=g), "pos_labels": lab[0], "neg_labels": lab[1],
-            "type": torch.zeros(b, dtype=torch.long), "step": torch.tensor(0), "epoch": torch.tensor(0)}
 
 
 # --------------------------------------------------------------------------- official formulations
@@ -197,7 +189,7 @@ def measure(model_id: str, impl: str, batch_size: int, steps: int, threads: int)
         torch.set_num_threads(threads)
     torch.manual_seed(0)
     model = build_model(model_id, 76, 1024, {"mtm_per_head": False} if impl == "ours_summed" else {})
-    batch = make_batch(batch_size)
+    batch = feature_batch(batch_size)
     fn = {"ours": lambda m, b: m.training_loss(b)[0], "ours_summed": lambda m, b: m.training_loss(b)[0],
           "official": official_scorer_loss if model_id.startswith("scorer") else official_dirl_loss,
           "naive_per_head": naive_per_head_scorer_loss}[impl]
