@@ -16,6 +16,10 @@ re-express its computation with the same parameters (not its code):
   attended twice), Barlow-Twins z-scoring, ``nn.MultiheadAttention`` with attention weights returned
   (unfused), the decoder per pair set, CCR on unmasked means.
 
+Dropout: the official formulations use torch's own dropout (``F.dropout``, a ``bernoulli_`` mask), as
+released, also where they reuse our modules' dropout layers (``official_drop`` / ``official_seq``); ours uses
+the cheaper 16-bit CPU masks of ``pipeline.models.dropout`` at the same places and rates.
+
 ``--naive-per-head`` adds the paper-faithful per-head matching through the full B×B×h×196×196 tensor
 (our model's function, computed naively) — memory-hungry: ≈1.3 GB per tensor at batch 32.
 
@@ -24,6 +28,7 @@ Anchors (performance-anchors.md, official code on this machine kind, batch 32): 
 4.0 GB; DIRL+CCR 15.7 s/step, 4.4 GB; greedy decoding of 32 pairs 5.1 s / 8.6 s.
 
     python benchmarks/bench_transformers.py --batch 32 --steps 3          # all models, ours and official
+    python benchmarks/bench_transformers.py --impls ours ours_bf16 official  # + CPU bf16 autocast (AMX)
     python benchmarks/bench_transformers.py --batch 128 --steps 1 --models scorer_cbr
 """
 
@@ -41,8 +46,10 @@ import time
 import torch
 import torch.nn.functional as F
 
+from pipeline.engine import autocast
 from pipeline.models import build_model
 from pipeline.models.common import sequence_ce
+from pipeline.models.dropout import Dropout
 from pipeline.models.token_matching import info_nce, naive_multihead_token_matching
 from batches import feature_batch
 from pipeline.text import START
@@ -53,6 +60,18 @@ ANCHORS = {"scorer_cbr": (17.9, 4.0, 5.1), "dirl_ccr": (15.7, 4.4, 8.6)}  # s/st
 
 
 # --------------------------------------------------------------------------- official formulations
+
+
+def official_drop(layer, x):
+    """One of our dropout layers applied as the official code does: torch's ``F.dropout`` at the layer's rate."""
+    return F.dropout(x, layer.p, layer.training)
+
+
+def official_seq(seq, x):
+    """An ``nn.Sequential`` of ours with its dropout layers applied by ``official_drop``."""
+    for mod in seq:
+        x = official_drop(mod, x) if isinstance(mod, Dropout) else mod(x)
+    return x
 
 
 def unfused_attention(att, xq, xkv, mask=None, training=True):
@@ -77,14 +96,14 @@ def official_decoder(dec, tokens, memory, training=True):
     valid = (tokens > 0).float()
     mask = valid[:, None, None, :] * torch.tril(torch.ones(n, n))
     mask = (1 - mask) * -10000.0
-    x = dec.embed_fc(dec.embed(tokens) + dec.pos_table[:n])
+    x = official_seq(dec.embed_fc, dec.embed(tokens) + dec.pos_table[:n])
     texts, visuals = [], []
     for layer in dec.layers:
         a, _, _ = unfused_attention(layer.self_attn, x, x, mask, training)
-        w = layer.norm1(x + layer.drop1(a))
+        w = layer.norm1(x + official_drop(layer.drop1, a))
         c, _, _ = unfused_attention(layer.cross_attn, w, memory, None, training)
-        y = layer.norm2(w + layer.drop2(c))
-        x = layer.norm3(y + layer.drop3(layer.ffn(y)))
+        y = layer.norm2(w + official_drop(layer.drop2, c))
+        x = layer.norm3(y + official_drop(layer.drop3, official_seq(layer.ffn, y)))
         texts.append(w.mean(1))
         visuals.append(y.mean(1))
     return dec.head(x), x, texts[-1], visuals[-1]
@@ -101,7 +120,7 @@ def official_scorer_loss(m, batch):
             lg2 = full_tensor_matching(q2, k1)
             x1, x2 = layer.norm(x1 + a1), layer.norm(x2 + a2)
         scale = m.logit_scale.exp()
-        return m.fuse(torch.cat([x1, x2], -1)), scale * lg1, scale * lg2, pre1, pre2
+        return official_seq(m.fuse, torch.cat([x1, x2], -1)), scale * lg1, scale * lg2, pre1, pre2
 
     def cbr(bef, hidden, aft, tokens):
         c = m.cbr
@@ -133,7 +152,7 @@ def _unfused_self(att, x):
 def official_dirl_loss(m, batch):
     def detector(bef, aft):
         x1, x2 = m.embed(bef), m.embed(aft)
-        y1, y2 = m.mlp(x1.flatten(0, 1)), m.mlp(x2.flatten(0, 1))
+        y1, y2 = official_seq(m.mlp, x1.flatten(0, 1)), official_seq(m.mlp, x2.flatten(0, 1))
         z1 = (y1 - y1.mean(0)) / y1.std(0)
         z2 = (y2 - y2.mean(0)) / y2.std(0)
         c = z1.t() @ z2 / z1.size(0)
@@ -143,14 +162,14 @@ def official_dirl_loss(m, batch):
         for layer in m.layers:
             a1, _, _ = unfused_attention(layer.attn, x1, x2)
             a2, _, _ = unfused_attention(layer.attn, x2, x1)
-            x1, x2 = layer.norm(x1 + layer.drop(a1)), layer.norm(x2 + layer.drop(a2))
+            x1, x2 = layer.norm(x1 + official_drop(layer.drop, a1)), layer.norm(x2 + official_drop(layer.drop, a2))
         return pre1 - x1, pre2 - x2, on + 0.003 * off
 
     loss = 0
     for aft, labels in ((batch["sc"], batch["pos_labels"]), (batch["nsc"], batch["neg_labels"])):
         d1, d2, dirl = detector(batch["before"], aft)
         tokens = labels[:, :-1]
-        logits, _, text, visual = official_decoder(m.decoder, tokens, m.fuse(torch.cat([d1, d2], -1)))
+        logits, _, text, visual = official_decoder(m.decoder, tokens, official_seq(m.fuse, torch.cat([d1, d2], -1)))
         sim = (text @ visual.t() / 0.5 + visual @ text.t() / 0.5) / 2
         loss = loss + 0.5 * sequence_ce(logits, labels[:, 1:]) + 0.5 * 0.5 * dirl + 0.3 * 0.5 * info_nce(sim)
     return loss
@@ -166,6 +185,12 @@ def naive_per_head_scorer_loss(m, batch):
         return m.training_loss(batch)[0]
     finally:
         scorer_mod.multihead_token_matching = saved
+
+
+def ours_bf16_loss(m, batch):
+    """Our loss under bf16 autocast on the CPU (``train.precision: bf16``; AMX / AVX512-BF16 machines)."""
+    with autocast(torch.device("cpu"), "bf16"):
+        return m.training_loss(batch)[0]
 
 
 def official_recompute_decode(m, before, after, max_len):
@@ -191,6 +216,7 @@ def measure(model_id: str, impl: str, batch_size: int, steps: int, threads: int)
     model = build_model(model_id, 76, 1024, {"mtm_per_head": False} if impl == "ours_summed" else {})
     batch = feature_batch(batch_size)
     fn = {"ours": lambda m, b: m.training_loss(b)[0], "ours_summed": lambda m, b: m.training_loss(b)[0],
+          "ours_bf16": ours_bf16_loss,
           "official": official_scorer_loss if model_id.startswith("scorer") else official_dirl_loss,
           "naive_per_head": naive_per_head_scorer_loss}[impl]
     opt = torch.optim.Adam(model.parameters(), 2e-4)
@@ -208,10 +234,10 @@ def measure(model_id: str, impl: str, batch_size: int, steps: int, threads: int)
     out = {"model": model_id, "impl": impl, "batch": batch_size, "threads": torch.get_num_threads(),
            "s_per_step": med, "steps_per_s": 1 / med, "cpu_s_per_step": statistics.median(cpu),
            "steps_timed": len(times), "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6}
-    if impl in ("ours", "ours_summed", "official"):
+    if impl in ("ours", "ours_summed", "ours_bf16", "official"):
         model.eval()
         n = min(batch_size, 32)
-        with torch.no_grad():
+        with torch.no_grad(), autocast(torch.device("cpu"), "bf16" if impl == "ours_bf16" else "fp32"):
             t = time.perf_counter()
             if impl.startswith("ours"):
                 model.generate(batch["before"][:n], batch["sc"][:n], 24)
@@ -229,7 +255,8 @@ def main():
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--models", nargs="*", default=["scorer_cbr", "dirl_ccr"])
     ap.add_argument("--impls", nargs="*", default=["ours", "official"],
-                    help="ours, ours_summed (our implementation of the official's summed-head matching), official")
+                    help="ours, ours_summed (our implementation of the official's summed-head matching), "
+                         "ours_bf16 (ours under CPU bf16 autocast), official")
     ap.add_argument("--naive-per-head", action="store_true")
     ap.add_argument("--repeats", type=int, default=1, help="alternate the implementations this many times (medians)")
     ap.add_argument("--one", nargs=2, metavar=("MODEL", "IMPL"), help=argparse.SUPPRESS)
@@ -284,6 +311,11 @@ def main():
             s, gb, dec = ANCHORS[m]
             print(f"{m:11s} anchor, official code at batch 32 (performance-anchors.md): {s} s/step, {gb} GB, "
                   f"decode 32 pairs {dec} s")
+            for impl in ("ours", "ours_bf16"):
+                if (m, impl) in results and a.batch == 32:
+                    o = results[(m, impl)]
+                    print(f"{m:11s} {impl} vs the anchor: x{s / o['s_per_step']:.2f} (train step; target x3), "
+                          f"x{dec / o['decode_s']:.2f} (greedy decoding), peak RSS {o['peak_rss_gb']:.2f} vs {gb} GB")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import torch
 
 from pipeline.datasets.clevr_change import NO_CHANGE
 from pipeline.datasets.manifest import load as load_manifest
+from pipeline.engine import autocast
 from pipeline.errors import PipelineError
 from pipeline.features.store import FeatureStore
 from pipeline.models import build_model
@@ -55,19 +56,19 @@ def load_model(path: Path):
     return model, ck
 
 
-def retrieval_scores(model, records: list[dict], labels: Labels, store, device, batch_size: int, max_len: int) -> dict:
+def retrieval_scores(model, records: list[dict], labels: Labels, store, device, batch_size: int, max_len: int,
+                     precision: str = "auto") -> dict:
     changed = [r for r in records if r["change_type"] != NO_CHANGE]
     if not changed:
         raise PipelineError("no changed pairs in the split: nothing to retrieve")
     gallery_keys = sorted({k for r in records for k in (r["before"], r["after"])})
     col = {k: i for i, k in enumerate(gallery_keys)}
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
     model.eval()
 
     def maps(keys):
         return torch.from_numpy(store.get_many(keys)).to(device)
 
-    with torch.no_grad(), autocast:
+    with torch.no_grad(), autocast(device, precision):
         gallery = torch.cat([model.retrieval_gallery(maps(gallery_keys[i:i + batch_size])).float().cpu()
                              for i in range(0, len(gallery_keys), batch_size)])
         # One query per reference caption.
@@ -105,7 +106,8 @@ def run(args: argparse.Namespace) -> None:
     records = load_manifest(args.manifest, args.split)
     model.to(device)
     with FeatureStore(args.features) as store:
-        out = retrieval_scores(model, records, labels, store, device, args.batch_size, ck["max_decode_len"])
+        out = retrieval_scores(model, records, labels, store, device, args.batch_size, ck["max_decode_len"],
+                               ck.get("precision", "auto"))
     out = {"split": args.split, "method": ck["method"], "checkpoint": str(path), **out}
     write_json(args.out, out)
     print(f"aux-retrieval: {args.split} gt-caption R@1 {out['gt_caption']['R@1']:.3f} R@5 {out['gt_caption']['R@5']:.3f} "

@@ -34,7 +34,7 @@ import torch
 from pipeline.data import TrainBatches
 from pipeline.datasets.clevr_change import NO_CHANGE
 from pipeline.datasets.manifest import load as load_manifest
-from pipeline.engine import discard_resume_state, save, train
+from pipeline.engine import autocast, discard_resume_state, save, train
 from pipeline.errors import PipelineError
 from pipeline.features.store import FeatureStore
 from pipeline.retrieval import retrieval_metrics
@@ -106,21 +106,16 @@ def rsum(metrics: dict) -> float:
     return float(sum(metrics[d][f"R@{k}"] for d in ("pair_to_text", "text_to_pair") for k in (1, 5, 10)))
 
 
-def _autocast(device: torch.device):
-    return (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
-            else torch.autocast("cpu", enabled=False))
-
-
 @torch.no_grad()
 def evaluate_retrieval(model, records: list[dict], labels: Labels, store, tokens: TextTokens, device,
-                       batch_size: int = 64) -> dict:
+                       batch_size: int = 64, precision: str = "auto") -> dict:
     """Retrieval metrics of ``model`` on the changed pairs of ``records`` (see the module docstring)."""
     model.eval()
     pairs = [r for r in records if r["change_type"] != NO_CHANGE]
     if not pairs:
         raise PipelineError("no changed pairs to evaluate retrieval on")
     vs, caps, owner = [], [], []
-    with _autocast(device):
+    with autocast(device, precision):
         for i in range(0, len(pairs), batch_size):
             chunk = pairs[i:i + batch_size]
             before = torch.from_numpy(store.get_many([r["before"] for r in chunk])).to(device)
@@ -177,7 +172,7 @@ def run(args: argparse.Namespace) -> None:
         best: dict = {}
 
         def validate(m):
-            res = evaluate_retrieval(m, split["val"], labels, store, tokens, device, args.eval_batch_size)
+            res = evaluate_retrieval(m, split["val"], labels, store, tokens, device, args.eval_batch_size, cfg.precision)
             return rsum(res), res
 
         def on_best(res):
@@ -201,7 +196,8 @@ def run(args: argparse.Namespace) -> None:
         model.to(device)
         if "val" not in best:  # resumed after the best step
             best["val"] = validate(model)[1]
-        test = evaluate_retrieval(model, split["test"], labels, store, tokens, device, args.eval_batch_size)
+        test = evaluate_retrieval(model, split["test"], labels, store, tokens, device, args.eval_batch_size,
+                                  cfg.precision)
         for name, res in (("val", best["val"]), ("test", test)):
             write_json(run_dir / f"retrieval_{name}.json", {"split": name, **res, "selected_step": summary["best_step"],
                                                             "protocol": "changed pairs, all change captions; "

@@ -47,6 +47,7 @@ def run(args: argparse.Namespace) -> None:
     model.to(device)
     records = load_manifest(args.manifest, args.split)
     with FeatureStore(args.features) as store:
-        preds = decode_split(model, records, store, vocab, device, args.batch_size, ck["max_decode_len"])
+        preds = decode_split(model, records, store, vocab, device, args.batch_size, ck["max_decode_len"],
+                             ck.get("precision", "auto"))
     write_json(args.out, preds, indent=None)
     print(f"decode: {len(preds)} {args.split} pairs -> {args.out}")

@@ -38,7 +38,29 @@ class TrainConfig:
     grad_clip: float | None = None
     betas: tuple[float, float] = (0.9, 0.999)
     noam: bool = False  # after the warm-up, lr ∝ 1/√step (the Transformer/Noam schedule; IDC-PCL pre-training)
+    precision: str = "auto"  # see ``autocast``
     extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.precision not in PRECISIONS:
+            raise TypeError(f"precision {self.precision!r}: expected one of {sorted(PRECISIONS)}")
+
+
+PRECISIONS = {"auto", "bf16", "fp32"}
+
+
+def autocast(device: torch.device, precision: str = "auto"):
+    """The autocast context of training and decoding.
+
+    ``auto``: bf16 autocast on CUDA, plain fp32 elsewhere (the default). ``bf16``: bf16 autocast on any device;
+    on a CPU with AMX or AVX512-BF16 the linear layers run about 3x faster (SCORER+CBR step at batch 32:
+    5.3 -> 3.7 s, DIRL+CCR 4.3 -> 1.8 s on the development machine), on other CPUs it is slower than fp32.
+    ``fp32``: never (also on CUDA). Token-wise matching keeps float32 on a CPU either way.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r}: expected one of {sorted(PRECISIONS)}")
+    bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
 
 
 def config_hash(obj) -> str:
@@ -108,14 +130,14 @@ def train(model: torch.nn.Module, batch: Callable[[int], dict], validate: Callab
                 torch.cuda.set_rng_state(ck["cuda_rng"])
             state = ck["state"]
             log({"event": "resumed", "step": state["step"]})
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+    mixed = autocast(device, cfg.precision)
     t0, step0 = time.time(), state["step"]
     bar = tqdm(total=cfg.iterations, initial=state["step"], desc="train", unit="step", mininterval=5)
     while state["step"] < cfg.iterations:
         step = state["step"]
         model.train()
         b = {k: v.to(device, non_blocking=True) for k, v in batch(step).items()}
-        with autocast:
+        with mixed:
             loss, parts = model.training_loss(b)
         opt.zero_grad(set_to_none=True)
         loss.backward()

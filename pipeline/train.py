@@ -16,7 +16,7 @@ import torch
 
 from pipeline.data import TrainBatches, eval_batches
 from pipeline.datasets.manifest import load as load_manifest
-from pipeline.engine import TrainConfig, discard_resume_state, train
+from pipeline.engine import TrainConfig, autocast, discard_resume_state, train
 from pipeline.errors import PipelineError
 from pipeline.features.store import FeatureStore
 from pipeline.models import build_model
@@ -42,11 +42,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch default)")
 
 
-def decode_split(model, records, store, vocab: Vocab, device, batch_size: int, max_len: int) -> list[dict]:
+def decode_split(model, records, store, vocab: Vocab, device, batch_size: int, max_len: int,
+                 precision: str = "auto") -> list[dict]:
     model.eval()
     out = []
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
-    with torch.no_grad(), autocast:
+    with torch.no_grad(), autocast(device, precision):
         for ids, before, after in eval_batches(records, store, batch_size):
             tokens = model.generate(before.to(device), after.to(device), max_len).cpu()
             out.extend({"image_id": i, "caption": vocab.decode(t)} for i, t in zip(ids, tokens))
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> None:
         best_preds: dict = {}
 
         def validate(m):
-            preds = decode_split(m, val_recs, store, vocab, device, 128, max_len)
+            preds = decode_split(m, val_recs, store, vocab, device, 128, max_len, cfg.precision)
             s = score(refs, {p["image_id"]: p["caption"] for p in preds}, metrics=("CIDEr",))
             return s["CIDEr"], preds
 
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> None:
         if "val" not in best_preds:  # resumed after the best step: decode the selected checkpoint again
             ck = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
             model.load_state_dict(ck["model"])
-            best_preds["val"] = decode_split(model, val_recs, store, vocab, device, 128, max_len)
+            best_preds["val"] = decode_split(model, val_recs, store, vocab, device, 128, max_len, cfg.precision)
         write_json(run_dir / "predictions_val.json", best_preds["val"], indent=None)
         sources = sorted({r["source"] for r in records})
         write_json(run_dir / "run.json", {
@@ -139,7 +139,7 @@ def run(args: argparse.Namespace) -> None:
     # The model file carries what decode needs to rebuild the network.
     ck = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
     ck.update({"method": args.method, "model_hparams": model_hp, "vocab_size": len(vocab), "feat_dim": feat_dim,
-               "max_decode_len": max_len})
+               "max_decode_len": max_len, "precision": cfg.precision})
     from pipeline.engine import save
 
     save(run_dir / "checkpoint.pt", ck)

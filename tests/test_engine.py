@@ -69,3 +69,49 @@ def test_resume_without_the_selected_checkpoint_starts_over(tmp_path):
     again, summary = run(tmp_path / "b")
     assert summary["finished"] and (tmp_path / "b" / "checkpoint.pt").exists()
     assert all(torch.equal(p, q) for p, q in zip(full.state_dict().values(), again.state_dict().values()))
+
+
+def test_precision_chooses_the_autocast():
+    import pytest
+
+    from pipeline.engine import autocast
+    from pipeline.train import parse_hparams
+    from pipeline.errors import PipelineError
+
+    cpu = torch.device("cpu")
+    with autocast(cpu, "auto"):  # the default keeps fp32 on a CPU
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
+    with autocast(cpu, "fp32"):
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
+    with autocast(cpu, "bf16"):
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="precision"):
+        autocast(cpu, "fp16")
+    _, cfg = parse_hparams('{"train": {"iterations": 1, "lr": 1e-3, "batch_size": 2, "val_every": 1, "precision": "bf16"}}')
+    assert cfg.precision == "bf16"
+    with pytest.raises(PipelineError, match="precision"):
+        parse_hparams('{"train": {"iterations": 1, "lr": 1e-3, "batch_size": 2, "val_every": 1, "precision": "half"}}')
+
+
+def test_bf16_training_on_cpu_follows_fp32():
+    from pipeline.engine import autocast
+    from tests.test_scorer import make, small_batch
+
+    batch = small_batch()
+    curves = {}
+    for precision in ("fp32", "bf16"):
+        model = make("scorer_cbr", dropout=0.0)
+        opt = torch.optim.Adam(model.parameters(), 1e-3)
+        curves[precision] = []
+        for _ in range(30):
+            with autocast(torch.device("cpu"), precision):
+                loss, parts = model.training_loss(batch)
+            assert loss.dtype == torch.float32 and "sim" in parts and "cbr" in parts
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            curves[precision].append(loss.item())
+        assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+    fp32, bf16 = curves["fp32"], curves["bf16"]
+    assert abs(bf16[0] - fp32[0]) < 0.02 * fp32[0]  # same start, up to bf16 rounding
+    assert bf16[-1] < 0.8 * bf16[0] and abs(bf16[-1] - fp32[-1]) < 0.1 * fp32[-1]

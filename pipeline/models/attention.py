@@ -1,8 +1,10 @@
 """Attention building blocks shared by the transformer methods (SCORER, DIRL and their ablations).
 
 - ``MultiHeadAttention``: the standard multi-head attention (Vaswani et al.), q/k/v and output projections,
-  computed with ``F.scaled_dot_product_attention`` (fused kernels on GPU, flash attention on CPU), dropout on
-  the attention probabilities as in the official code.
+  dropout on the attention probabilities as in the official code. Computed by ``dropout.attention``:
+  ``F.scaled_dot_product_attention`` (fused kernels on GPU, flash attention on CPU) except when training on a
+  CPU, where the probabilities are materialised so that the cheap 16-bit dropout mask of
+  ``pipeline.models.dropout`` replaces the slow ``bernoulli_`` one that SDPA would draw.
 - ``GridEmbedding``: Eq. (1) of both papers: a 1×1 convolution of the CNN grid to ``dim`` channels plus a
   learned position embedding (row and column tables of ``dim/2`` each, concatenated, as in the official code).
 - ``CrossViewLayer``: one layer of cross-view attention between the two images of a pair: the before tokens
@@ -15,6 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from pipeline.models.dropout import Dropout, attention
 
 
 class MultiHeadAttention(nn.Module):
@@ -46,7 +50,7 @@ class MultiHeadAttention(nn.Module):
     def attend(self, q, k, v, causal: bool = False) -> torch.Tensor:
         """Heads [B, h, L, d] in, merged and projected [B, L, D] out."""
         p = self.dropout if self.training else 0.0
-        a = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal)
+        a = attention(q, k, v, dropout_p=p, causal=causal)
         b, _, n, _ = a.shape
         return self.out_proj(a.transpose(1, 2).reshape(b, n, self.dim))
 
@@ -96,7 +100,7 @@ class CrossViewLayer(nn.Module):
         super().__init__()
         self.attn = MultiHeadAttention(dim, heads, dropout)
         self.norm = nn.LayerNorm(dim)
-        self.drop = nn.Dropout(out_dropout)
+        self.drop = Dropout(out_dropout)
 
     def forward(self, bef: torch.Tensor, aft: torch.Tensor, return_qk: bool = False):
         # Each image is projected once; its keys/values serve the other image's queries (no concatenation).

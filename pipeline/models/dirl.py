@@ -29,6 +29,9 @@ Where the official code departs from the paper we follow the paper:
 - Eq. (3)'s correlation is computed on batch-centred projections, as in Barlow Twins [48] which Eq. (3)
   reproduces and as the official code does (it z-scores with the n−1 standard deviation and divides by n);
 - the input is the 1024-channel grid without the two coordinate channels the official code appends.
+
+Dropout sits where the official code has it, at its rates; on a CPU its masks come from 16 random bits per
+element instead of ``bernoulli_`` (``pipeline.models.dropout``).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import torch.nn as nn
 
 from pipeline.models.attention import CrossViewLayer, GridEmbedding
 from pipeline.models.common import CaptionModel, sequence_ce
+from pipeline.models.dropout import Dropout
 from pipeline.models.token_matching import info_nce_both_ways
 from pipeline.models.transformer_decoder import TransformerDecoder, masked_mean
 
@@ -78,10 +82,10 @@ class Transformer(CaptionModel):
                  ccr_weight: float = 0.3, temperature: float = 0.5):
         super().__init__()
         self.embed = GridEmbedding(feat_dim, dim, grid)
-        self.mlp = (nn.Sequential(nn.Linear(dim, mlp_dim), nn.ReLU(), nn.Dropout(dropout), nn.Linear(mlp_dim, dim))
+        self.mlp = (nn.Sequential(nn.Linear(dim, mlp_dim), nn.ReLU(), Dropout(dropout), nn.Linear(mlp_dim, dim))
                     if self.decorrelation else None)
         self.layers = nn.ModuleList(CrossViewLayer(dim, heads, dropout, out_dropout=dropout) for _ in range(layers))
-        self.fuse = nn.Sequential(nn.Linear(2 * dim, dim), nn.Dropout(dropout), nn.ReLU())
+        self.fuse = nn.Sequential(nn.Linear(2 * dim, dim), Dropout(dropout), nn.ReLU())
         self.decoder = TransformerDecoder(vocab_size, dim, word_dim, decoder_heads, decoder_layers, decoder_ffn_dim,
                                           dropout, decoder_activation)
         self.dirl_weight, self.offdiag_weight = dirl_weight, offdiag_weight

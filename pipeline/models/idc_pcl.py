@@ -15,8 +15,8 @@ the attention probabilities, the FFN's hidden layer and both residual branches, 
 
 Cost (exact, same numbers): captions are cut to the batch's longest one; the last cross-modal layer computes
 only the positions a loss reads (masked words, masked cells, [IMG1]/[IMG2]/[CLS]; all positions still serve
-as its keys and values); on a CPU dropout masks come from 15 random bits per element instead of a 64-bit
-draw, fused with the ReLU of the feed-forward layer.
+as its keys and values); on a CPU dropout masks come from 16 random bits per element instead of a 64-bit
+draw (``pipeline.models.dropout``), fused with the ReLU of the feed-forward layer.
 
 Pre-training (§2.2; bidirectional attention, caption padding masked), one task per batch:
 - MLM: 15 % of the caption's tokens (words and the end token, at least one), 80 % → [MASK], 10 % → a random
@@ -50,6 +50,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from pipeline.models.common import CaptionModel
+from pipeline.models.dropout import attention as shared_attention
+from pipeline.models.dropout import dropout as shared_dropout
+from pipeline.models.dropout import keep_mask
 from pipeline.text import END, START
 
 TASKS = ("mlm", "mvcl", "fda")
@@ -64,32 +67,6 @@ def sinusoid(n: int, d: int) -> torch.Tensor:
     pe[:, 0::2] = torch.sin(pos * div)
     pe[:, 1::2] = torch.cos(pos * div)
     return pe
-
-
-def keep_mask(shape, p: float, device) -> torch.Tensor:
-    """Dropout's keep mask from 16 random bits per element (keep probability 1 − round(65536·p)/65536).
-
-    ``bernoulli_`` draws one 64-bit number per element and dominates a CPU training step; the four 16-bit
-    lanes of one 64-bit draw give the same mask distribution (to 1e-5) at a quarter of the draws.
-    """
-    n = math.prod(shape)
-    bits = torch.randint(-2**63, 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64, device=device)
-    return (bits.view(torch.int16)[:n] >= round(p * 65536) - 32768).view(shape)
-
-
-class _Dropout(torch.autograd.Function):
-    """y = x · mask · s (s = 1 / (1 − p)), saving only the boolean mask for the backward pass."""
-
-    @staticmethod
-    def forward(ctx, x, mask, scale: float):
-        ctx.save_for_backward(mask)
-        ctx.scale = scale
-        return torch.mul(x, mask).mul_(scale)
-
-    @staticmethod
-    def backward(ctx, g):
-        (mask,) = ctx.saved_tensors
-        return torch.mul(g, mask).mul_(ctx.scale), None, None
 
 
 class _ReluDropout(torch.autograd.Function):
@@ -110,26 +87,20 @@ class _ReluDropout(torch.autograd.Function):
 
 
 def dropout(x: torch.Tensor, p: float, training: bool, relu: bool = False) -> torch.Tensor:
-    """Dropout (inverted scaling); ``relu=True`` applies ReLU first, fused with the mask on a CPU."""
+    """Dropout (inverted scaling, the cheap CPU masks of ``pipeline.models.dropout``); ``relu=True`` applies
+    ReLU first, fused with the mask on a CPU."""
+    if not relu:
+        return shared_dropout(x, p, training)
     if not training or p == 0.0:
-        return F.relu(x) if relu else x
+        return F.relu(x)
     if x.is_cuda:  # the GPU's fused dropout is cheap
-        return F.dropout(F.relu(x) if relu else x, p, True)
-    mask = keep_mask(x.shape, p, x.device)
-    return (_ReluDropout if relu else _Dropout).apply(x, mask, 1.0 / (1.0 - p))
+        return F.dropout(F.relu(x), p, True)
+    return _ReluDropout.apply(x, keep_mask(x.shape, p, device=x.device), 1.0 / (1.0 - p))
 
 
 def attention(q, k, v, mask, p: float, training: bool) -> torch.Tensor:
-    """Multi-head attention with dropout on the attention probabilities (``mask``: True = may attend).
-
-    Fused ``scaled_dot_product_attention`` wherever it applies (inference, and training on CUDA); on a CPU
-    with dropout the probabilities are materialised so the cheap dropout above can be used."""
-    if not training or p == 0.0 or q.is_cuda:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p if training else 0.0)
-    scores = (q @ k.transpose(-2, -1)) * (q.size(-1) ** -0.5)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    return dropout(scores.softmax(-1), p, True) @ v
+    """Multi-head attention with dropout on the attention probabilities (``mask``: True = may attend)."""
+    return shared_attention(q, k, v, p if training else 0.0, attn_mask=mask)
 
 
 class Block(nn.Module):

@@ -30,6 +30,9 @@ Where the official code departs from the paper we follow the paper:
 - standard multi-head attention with an output projection (the official SCORER attention has none);
 - the input is the 1024-channel grid without the two coordinate channels the official code appends: the
   learned position embedding already carries the location.
+
+Dropout sits where the official code has it, at its rates; on a CPU its masks come from 16 random bits per
+element instead of ``bernoulli_`` (``pipeline.models.dropout``).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import torch.nn as nn
 
 from pipeline.models.attention import CrossViewLayer, GridEmbedding, MultiHeadAttention
 from pipeline.models.common import CaptionModel, sequence_ce
+from pipeline.models.dropout import Dropout
 from pipeline.models.token_matching import info_nce_both_ways, multihead_token_matching
 from pipeline.models.transformer_decoder import TransformerDecoder, masked_mean
 
@@ -103,10 +107,10 @@ class SCORER(CaptionModel):
         self.embed = GridEmbedding(feat_dim, dim, grid)
         if self.difference == "reconstruction":
             self.layers = nn.ModuleList(CrossViewLayer(dim, heads, dropout) for _ in range(layers))
-            self.fuse = nn.Sequential(nn.Linear(2 * dim, dim), nn.Dropout(dropout), nn.ReLU())
+            self.fuse = nn.Sequential(nn.Linear(2 * dim, dim), Dropout(dropout), nn.ReLU())
         else:
             self.layers = nn.ModuleList()
-            self.fuse = nn.Sequential(nn.Linear(dim, dim), nn.Dropout(dropout), nn.ReLU())
+            self.fuse = nn.Sequential(nn.Linear(dim, dim), Dropout(dropout), nn.ReLU())
         self.logit_scale = nn.Parameter(torch.ones([])) if self.contrastive else None
         self.cbr = CBR(dim, cbr_heads, mtm_per_head) if self.use_cbr else None
         self.per_head = mtm_per_head

@@ -4,6 +4,8 @@ Words: embedding (``word_dim``, 300 in both papers) plus sinusoidal positions, t
 width with dropout (both official codes). Each of ``layers`` post-norm layers: causal multi-head
 self-attention (Eq. 8 of DIRL) → cross-attention to the difference representation (Eq. 9) → feed-forward
 (Eq. 10), each with residual, dropout and LayerNorm; a linear vocabulary head (Eq. 11).
+Dropout layers (and the attention's) are those of ``pipeline.models.dropout``: the same placement and rates
+with cheaper random masks on a CPU.
 
 Differences from the official decoders, following the papers' "standard transformer decoder [Vaswani]":
 SCORER's official attention has no output projection and its feed-forward residual adds the FFN's own hidden
@@ -28,6 +30,7 @@ import torch
 import torch.nn as nn
 
 from pipeline.models.attention import MultiHeadAttention
+from pipeline.models.dropout import Dropout
 from pipeline.text import END, START, UNK
 
 
@@ -52,10 +55,10 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = MultiHeadAttention(dim, heads, dropout)
         self.cross_attn = MultiHeadAttention(dim, heads, dropout)
-        self.ffn = nn.Sequential(nn.Linear(dim, ffn_dim), _ACTIVATIONS[activation](), nn.Dropout(dropout),
+        self.ffn = nn.Sequential(nn.Linear(dim, ffn_dim), _ACTIVATIONS[activation](), Dropout(dropout),
                                  nn.Linear(ffn_dim, dim))
         self.norm1, self.norm2, self.norm3 = nn.LayerNorm(dim), nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.drop1, self.drop2, self.drop3 = nn.Dropout(dropout), nn.Dropout(dropout), nn.Dropout(dropout)
+        self.drop1, self.drop2, self.drop3 = Dropout(dropout), Dropout(dropout), Dropout(dropout)
 
     def forward(self, x, mem_kv):
         words = self.norm1(x + self.drop1(self.self_attn(x, causal=True)))
@@ -83,7 +86,7 @@ class TransformerDecoder(nn.Module):
             raise ValueError(f"decoder activation {activation!r}; expected one of {sorted(_ACTIVATIONS)}")
         self.embed = nn.Embedding(vocab_size, word_dim, padding_idx=0)
         self.register_buffer("pos_table", sinusoid_table(max_len, word_dim), persistent=False)
-        self.embed_fc = nn.Sequential(nn.Linear(word_dim, dim), nn.Dropout(dropout))
+        self.embed_fc = nn.Sequential(nn.Linear(word_dim, dim), Dropout(dropout))
         self.layers = nn.ModuleList(DecoderLayer(dim, heads, ffn_dim, dropout, activation) for _ in range(layers))
         self.head = nn.Linear(dim, vocab_size)
 
