@@ -129,3 +129,19 @@ def test_matching_stays_float32_under_cpu_bf16_autocast():
     assert got[0].dtype == torch.float32
     for x, y in zip(got, want):
         assert torch.equal(x, y)
+
+
+def test_kernel_results_do_not_depend_on_the_thread_count(kernels, monkeypatch):
+    q, k, w = _inputs(5, a=7, b=9, n=30, m=41)
+    _use(monkeypatch, kernels)
+    real = torch.get_num_threads()
+    runs = []
+    try:
+        for threads in (1, 2, 3, 5):
+            monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+            runs.append(_value_and_grads(lambda a, b: multihead_token_matching(a, b, 200), q, k, w))
+    finally:
+        torch.set_num_threads(real)
+    for other in runs[1:]:
+        for x, y in zip(runs[0], other):
+            assert torch.equal(x, y)

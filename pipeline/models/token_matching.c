@@ -167,40 +167,60 @@ static inline void axpy(float *restrict y, const float *restrict x, float w, int
     for (int64_t i = 0; i < d; i++) y[i] += w * x[i];
 }
 
-/* Backward pass for the query items a in [a_lo, a_hi). q [h][A][n][d], k [h][B][m][d], idx1 [h][A][n][B],
- * idx2 [h][A][B][m], w1 and w2 [h][A][B]: the incoming gradients of t2v and v2t already divided by n and m
- * (either may be NULL). A query token (a, l) that won key token j of item b gets w1·k[b, j] and gives
- * w1·q[a, l] to it; likewise for the key tokens' winners with w2. dq rows of these items are written by
- * this call only; dk is accumulated (the caller gives each thread its own). */
-void tm_backward_items(const float *q, const float *k, int64_t h, int64_t A, int64_t n, int64_t B, int64_t m,
-                       int64_t d, const int16_t *idx1, const int16_t *idx2, const float *w1, const float *w2,
-                       float *dq, float *dk, int64_t a_lo, int64_t a_hi)
+/* Backward pass. q [h][A][n][d], k [h][B][m][d], idx1 [h][A][n][B], idx2 [h][A][B][m], w1 and w2 [h][A][B]:
+ * the incoming gradients of t2v and v2t already divided by n and m (either may be NULL). A query token
+ * (a, l) that won key token j of item b gets w1·k[b, j] and gives w1·q[a, l] to it; likewise for the key
+ * tokens' winners with w2. Two passes, so that every gradient row is summed by one call in a fixed order
+ * whatever the split over threads: dq over query items [a_lo, a_hi), dk over key items [b_lo, b_hi). */
+void tm_backward_dq(const float *q, const float *k, int64_t h, int64_t A, int64_t n, int64_t B, int64_t m,
+                    int64_t d, const int16_t *idx1, const int16_t *idx2, const float *w1, const float *w2,
+                    float *dq, int64_t a_lo, int64_t a_hi)
 {
+    (void)q;
     for (int64_t hh = 0; hh < h; hh++) {
         const float *kh = k + hh * B * m * d;
-        float *dkh = dk + hh * B * m * d;
         for (int64_t a = a_lo; a < a_hi; a++) {
-            const float *qa = q + (hh * A + a) * n * d;
             float *dqa = dq + (hh * A + a) * n * d;
-            const float *wa1 = w1 ? w1 + (hh * A + a) * B : NULL;
-            const float *wa2 = w2 ? w2 + (hh * A + a) * B : NULL;
-            if (wa1) {
+            if (w1) {
+                const float *wa = w1 + (hh * A + a) * B;
                 const int16_t *i1 = idx1 + (hh * A + a) * n * B;
                 for (int64_t l = 0; l < n; l++)
-                    for (int64_t b = 0; b < B; b++) {
-                        int64_t row = (b * m + i1[l * B + b]) * d;
-                        axpy(dqa + l * d, kh + row, wa1[b], d);
-                        axpy(dkh + row, qa + l * d, wa1[b], d);
-                    }
+                    for (int64_t b = 0; b < B; b++)
+                        axpy(dqa + l * d, kh + (b * m + i1[l * B + b]) * d, wa[b], d);
             }
-            if (wa2) {
+            if (w2) {
+                const float *wa = w2 + (hh * A + a) * B;
                 const int16_t *i2 = idx2 + (hh * A + a) * B * m;
                 for (int64_t b = 0; b < B; b++)
-                    for (int64_t j = 0; j < m; j++) {
-                        int64_t ql = i2[b * m + j] * d, row = (b * m + j) * d;
-                        axpy(dkh + row, qa + ql, wa2[b], d);
-                        axpy(dqa + ql, kh + row, wa2[b], d);
-                    }
+                    for (int64_t j = 0; j < m; j++)
+                        axpy(dqa + i2[b * m + j] * d, kh + (b * m + j) * d, wa[b], d);
+            }
+        }
+    }
+}
+
+void tm_backward_dk(const float *q, const float *k, int64_t h, int64_t A, int64_t n, int64_t B, int64_t m,
+                    int64_t d, const int16_t *idx1, const int16_t *idx2, const float *w1, const float *w2,
+                    float *dk, int64_t b_lo, int64_t b_hi)
+{
+    (void)k;
+    for (int64_t hh = 0; hh < h; hh++) {
+        for (int64_t b = b_lo; b < b_hi; b++) {
+            float *dkb = dk + (hh * B + b) * m * d;
+            for (int64_t a = 0; a < A; a++) {
+                const float *qa = q + (hh * A + a) * n * d;
+                if (w1) {
+                    const float w = w1[(hh * A + a) * B + b];
+                    const int16_t *i1 = idx1 + (hh * A + a) * n * B + b;
+                    for (int64_t l = 0; l < n; l++)
+                        axpy(dkb + i1[l * B] * d, qa + l * d, w, d);
+                }
+                if (w2) {
+                    const float w = w2[(hh * A + a) * B + b];
+                    const int16_t *i2 = idx2 + ((hh * A + a) * B + b) * m;
+                    for (int64_t j = 0; j < m; j++)
+                        axpy(dkb + j * d, qa + i2[j] * d, w, d);
+                }
             }
         }
     }

@@ -19,7 +19,9 @@ batch 32 went from 0.55 to 0.21 s, the backward from 0.15 to 0.035 s. Elsewhere,
 the same chunks are reduced with torch operations: ``amax`` and a sign/matrix-vector trick
 (``_row_argmax``), because ``torch.max`` with indices is far slower than ``amax`` on CPU. Both paths give
 the value and the gradient of the naive formula (at an exact tie the winner is ``torch.max``'s, the first
-maximum; tested with forced ties); they differ only in the rounding of the means.
+maximum; tested with forced ties); they differ only in the rounding of the means. The C path's values and
+gradients are also identical whatever the number of threads (each output row is summed by one worker in a
+fixed order); the torch path's key gradients depend on it in the last bits.
 
 Departure of the official code (``models/SCORER.py``): its einsum ``ahld,bhmd->ablm`` sums over the heads
 before the max, i.e. it matches the full 512-d vectors in a single head. We follow the paper's multi-head
@@ -214,24 +216,26 @@ class _TokenMax(torch.autograd.Function):
         dk = torch.zeros(h * b_n * m, d, device=q.device, dtype=acc)
         w1 = None if g1 is None else g1.to(acc) / n  # d t2v / d s = 1/N at each row's winner
         w2 = None if g2 is None else g2.to(acc) / m  # d v2t / d s = 1/M at each column's winner
+        lib = _native(q, idx1.dtype)
+        if lib is not None:
+            # dq split over query items, dk over key items: each row summed by one worker in a fixed order,
+            # so the gradients do not depend on the number of threads (and need no per-worker copies of dk).
+            w1 = None if w1 is None else w1.contiguous()
+            w2 = None if w2 is None else w2.contiguous()
+            qf, kf = qf.contiguous(), kf.contiguous()
+            args = (qf.data_ptr(), kf.data_ptr(), h, a_n, n, b_n, m, d, idx1.data_ptr(), idx2.data_ptr(),
+                    None if w1 is None else w1.data_ptr(), None if w2 is None else w2.data_ptr())
+            _run_parallel(q.device, lambda lo, hi: lib.tm_backward_dq(*args, dq.data_ptr(), lo, hi), a_n)
+            _run_parallel(q.device, lambda lo, hi: lib.tm_backward_dk(*args, dk.data_ptr(), lo, hi), b_n)
+            return dq.view(h, a_n, n, d).to(q.dtype), dk.view(h, b_n, m, d).to(k.dtype), None
+
         # dq rows belong to one query item (disjoint between parts); dk is shared: one accumulator per part,
         # summed in a fixed order afterwards.
         dks: dict[int, torch.Tensor] = {}
 
-        lib = _native(q, idx1.dtype)
-        if lib is not None:
-            w1 = None if w1 is None else w1.contiguous()
-            w2 = None if w2 is None else w2.contiguous()
-            qf, kf = qf.contiguous(), kf.contiguous()
-
         def part(lo, hi):
             dks[lo] = dk if lo == 0 else torch.zeros_like(dk)
-            if lib is None:
-                _TokenMax._backward_items(w1, w2, qf, kf, idx1, idx2, dq, dks[lo], range(lo, hi))
-            else:
-                lib.tm_backward_items(qf.data_ptr(), kf.data_ptr(), h, a_n, n, b_n, m, d, idx1.data_ptr(),
-                                      idx2.data_ptr(), None if w1 is None else w1.data_ptr(),
-                                      None if w2 is None else w2.data_ptr(), dq.data_ptr(), dks[lo].data_ptr(), lo, hi)
+            _TokenMax._backward_items(w1, w2, qf, kf, idx1, idx2, dq, dks[lo], range(lo, hi))
 
         _run_parallel(q.device, part, a_n)
         for lo in sorted(dks)[1:]:

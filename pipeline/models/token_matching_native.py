@@ -67,8 +67,9 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     p, i64, i64p = ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)
     lib.tm_reduce_chunk.argtypes = [p, i64, i64, i64, i64, i64, p, p, i64p, p, i64p, p, i64p]
     lib.tm_reduce_chunk.restype = ctypes.c_int
-    lib.tm_backward_items.argtypes = [p, p, i64, i64, i64, i64, i64, i64, p, p, p, p, p, p, i64, i64]
-    lib.tm_backward_items.restype = None
+    for name in ("tm_backward_dq", "tm_backward_dk"):
+        getattr(lib, name).argtypes = [p, p, i64, i64, i64, i64, i64, i64, p, p, p, p, p, i64, i64]
+        getattr(lib, name).restype = None
     return lib
 
 
