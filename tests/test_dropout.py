@@ -7,7 +7,11 @@ import torch.nn.functional as F
 
 from pipeline.models import build_model
 from pipeline.models.attention import MultiHeadAttention
-from pipeline.models.dropout import Dropout, attention, drop_mask, dropout, keep_mask
+from pipeline.models.dropout import Dropout, attention, dropout, keep_mask
+
+
+def drop_mask(*args):
+    return ~keep_mask(*args)
 
 
 def gen(seed):

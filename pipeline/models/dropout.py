@@ -40,20 +40,11 @@ def _threshold(p: float) -> int:
     return round(p * 65536) - 32768  # int16 values below it are dropped: probability round(p·65536)/65536
 
 
-def drop_mask(shape, p: float, generator: torch.Generator | None = None, device=None) -> torch.Tensor:
-    """Boolean mask of ``shape``, True = drop, each element with probability round(p·65536)/65536."""
+def keep_mask(shape, p: float, generator: torch.Generator | None = None, device=None) -> torch.Tensor:
+    """Boolean mask of ``shape``, True = keep; each element dropped with probability round(p·65536)/65536."""
     _check(p)
     shape = tuple(shape)
     if p == 1.0:  # the threshold 32768 does not fit in int16
-        return torch.ones(shape, dtype=torch.bool, device=device)
-    return _uniform16(shape, generator, device) < _threshold(p)
-
-
-def keep_mask(shape, p: float, generator: torch.Generator | None = None, device=None) -> torch.Tensor:
-    """The complement of ``drop_mask`` for the same random draws (True = keep)."""
-    _check(p)
-    shape = tuple(shape)
-    if p == 1.0:
         return torch.zeros(shape, dtype=torch.bool, device=device)
     return _uniform16(shape, generator, device) >= _threshold(p)
 

@@ -155,36 +155,20 @@ class _TokenMax(torch.autograd.Function):
         # The sign trick needs exact integer sums: float32/64 on CPU with fewer than 2^12 tokens.
         fast = q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64) and max(n, m) < 2**12
         chunks = list(_chunks(a_n, b_n, h * n * m, _budget(CHUNK_ELEMENTS, q.device, chunk_elements)))
-        if lib is not None:
-            work = lambda lo, hi: _TokenMax._forward_chunks_native(lib, q, kt, t2v, v2t, idx1, idx2, chunks[lo:hi])
-        else:
-            work = lambda lo, hi: _TokenMax._forward_chunks(q, kt, t2v, v2t, idx1, idx2, fast, chunks[lo:hi])
-        _run_parallel(q.device, work, len(chunks))
+        _run_parallel(q.device, lambda lo, hi: _TokenMax._forward_chunks(q, kt, t2v, v2t, idx1, idx2, fast, lib,
+                                                                          chunks[lo:hi]), len(chunks))
         ctx.save_for_backward(q, k, idx1, idx2)
         return t2v, v2t
 
     @staticmethod
-    def _forward_chunks_native(lib, q, kt, t2v, v2t, idx1, idx2, chunks):
-        """The same as ``_forward_chunks`` with both reductions of a chunk in one C pass (float32, CPU)."""
-        h, a_n, n, d = q.shape
-        m = idx2.shape[3]
-        st, s1, s2 = (native_strides(*t.stride()) for t in (t2v, idx1, idx2))
-        buf = None
-        for a0, a1, b0, b1 in chunks:
-            ca, cb = a1 - a0, b1 - b0
-            if buf is None or buf.numel() != h * ca * n * cb * m:
-                buf = q.new_empty(h, ca * n, cb * m)
-            torch.bmm(q[:, a0:a1].reshape(h, ca * n, d), kt[:, :, b0 * m:b1 * m], out=buf)
-            if lib.tm_reduce_chunk(buf.data_ptr(), h, ca, n, cb, m, t2v[:, a0:, b0:].data_ptr(),
-                                   v2t[:, a0:, b0:].data_ptr(), st, idx1[:, a0:, :, b0:].data_ptr(), s1,
-                                   idx2[:, a0:, b0:].data_ptr(), s2):
-                raise MemoryError("token matching: the C kernel could not allocate its scratch memory")
-
-    @staticmethod
-    def _forward_chunks(q, kt, t2v, v2t, idx1, idx2, fast, chunks):
+    def _forward_chunks(q, kt, t2v, v2t, idx1, idx2, fast, lib, chunks):
+        """Product and reductions of each chunk: in one C pass where ``lib`` is given, else with torch."""
         h, a_n, n, d = q.shape
         m = idx2.shape[3]
         acc = t2v.dtype
+        if lib is not None:
+            strides = [native_strides(*t.stride()) for t in (t2v, idx1, idx2)]
+            fast = False
         if fast:
             pos_n = torch.arange(n, dtype=q.dtype).view(1, n)
             pos_m = torch.arange(m, dtype=q.dtype)
@@ -195,6 +179,13 @@ class _TokenMax(torch.autograd.Function):
                 buf = q.new_empty(h, ca * n, cb * m)
                 work = torch.empty_like(buf) if fast else None
             s = torch.bmm(q[:, a0:a1].reshape(h, ca * n, d), kt[:, :, b0 * m:b1 * m], out=buf).view(h, ca, n, cb, m)
+            if lib is not None:  # results written straight into views of the batch's outputs
+                st, s1, s2 = strides
+                if lib.tm_reduce_chunk(buf.data_ptr(), h, ca, n, cb, m, t2v[:, a0:, b0:].data_ptr(),
+                                       v2t[:, a0:, b0:].data_ptr(), st, idx1[:, a0:, :, b0:].data_ptr(), s1,
+                                       idx2[:, a0:, b0:].data_ptr(), s2):
+                    raise MemoryError("token matching: the C kernel could not allocate its scratch memory")
+                continue
             if fast:
                 v1, i1, v2, i2 = _argmax_cpu(s, work, pos_n, pos_m)
             else:
