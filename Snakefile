@@ -9,7 +9,8 @@
 #   rules/train.smk     training with validation-based selection -> checkpoint; test decoding
 #   rules/baselines.smk sanity rows (most frequent caption, nearest neighbour)
 #   rules/evaluate.smk  scoring of test predictions
-#   rules/tables.smk    the paper tables (CSV + Markdown)
+#   rules/tables.smk    the paper tables (CSV + Markdown + .meta.json notes sidecar)
+#   rules/plots.smk     learning curves of every table's methods (inputs of the table rule)
 
 from snakemake.utils import min_version
 
@@ -27,6 +28,7 @@ include: "rules/train.smk"
 include: "rules/baselines.smk"
 include: "rules/evaluate.smk"
 include: "rules/tables.smk"
+include: "rules/plots.smk"
 include: "rules/clip4idc.smk"
 include: "rules/aux.smk"
 include: "rules/negatives.smk"

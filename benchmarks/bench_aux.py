@@ -3,8 +3,8 @@
 One model; in each round, interleaved so that machine drift hits all three alike, a plain DUDA step
 (the primary's own objective), a stage-1 step (primary → auxiliary: + greedy caption, soft embeddings,
 TIRG, Eq. 6) and a stage-2 step (auxiliary → primary: + TIRG on the ground truth, soft selection of the
-after map, DUDA on (A, B̂) with the gradient into B̂). Training alternates the stages, so the cost per step
-of duda_aux is their mean. A step is forward, loss, backward and Adam step; medians after one warm-up, as
+after map, DUDA on (A, B̂) with the gradient into B̂: b_hat_min_omega 0, the costlier branch; below the
+threshold stage 2 reads the true B). Training alternates the stages, so the cost per step of duda_aux is their mean. A step is forward, loss, backward and Adam step; medians after one warm-up, as
 wall time and as process CPU time (the steadier figure on a shared machine; with --threads 1 it is the
 single-core cost). Untrained, the greedy captions never end, so stage 1 decodes all 23 steps: a worst case.
 Batch 128 is the official DUDA batch (the aux paper does not state its own).

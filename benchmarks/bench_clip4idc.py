@@ -1,5 +1,9 @@
-"""CLIP4IDC throughput with the full CLIP ViT-B/32 (random weights, same FLOPs): captioning training step,
-adaptation training step, greedy decoding.
+"""CLIP4IDC throughput: captioning training step, adaptation training step, greedy decoding.
+
+By default it times the embedded default's models, built from ``config/config.yaml`` (``methods.clip4idc`` and
+``pretraining.clip4idc_adapt``: the small from-scratch ViT the CPU job trains); ``--paper-shape`` times the
+full CLIP ViT-B/32 (random weights, same FLOPs as OpenAI's) with the paper's captioner, the shape the
+official-code anchors below were measured with.
 
 A training "pair" is one item of a batch as the official ``main_task_caption.py`` counts it: a before image with
 its semantic and distractor after images and their two captions. The anchor (shared/reference/performance-
@@ -9,7 +13,7 @@ Here decoding runs the full 32 steps too (``<END>`` is suppressed), so early sto
 
 On CUDA the model runs under bf16 autocast, as the training engine does.
 
-    python benchmarks/bench_clip4idc.py [--batch 16] [--steps 2] [--threads 2] [--device auto]
+    python benchmarks/bench_clip4idc.py [--batch 16] [--steps 2] [--threads 2] [--device auto] [--paper-shape]
 """
 
 import argparse
@@ -18,12 +22,22 @@ import statistics
 import time
 
 import torch
+import yaml
 
 from pipeline.models.clip4idc import CLIP4IDC, CLIP4IDCAdapt
 from pipeline.text import END, START
 
 ANCHOR_PAIRS_PER_S = 0.70
 ANCHOR_DECODE_32_S = 42.8
+
+
+def default_hparams(config="config/config.yaml"):
+    """The captioner's and the adaptation's model blocks of the embedded default (``weights`` dropped: random)."""
+    cfg = yaml.safe_load(open(config))
+    drop = ("weights", "weights_dir", "text_tokens", "text_length", "bpe_vocab")
+    cap = {k: v for k, v in cfg["methods"]["clip4idc"]["model"].items() if k not in drop}
+    adapt = {k: v for k, v in cfg["pretraining"]["clip4idc_adapt"]["model"].items() if k not in drop}
+    return cap, adapt
 
 
 def make_batch(b, device, vocab=80, length=24):
@@ -79,6 +93,8 @@ def main():
     ap.add_argument("--decode-pairs", type=int, default=32)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--paper-shape", action="store_true", help="full ViT-B/32 and the paper's captioner")
+    ap.add_argument("--config", default="config/config.yaml")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -88,11 +104,14 @@ def main():
     print(f"device {device} ({torch.cuda.get_device_name() if device.type == 'cuda' else f'{torch.get_num_threads()} threads'}), "
           f"{'bf16 autocast' if device.type == 'cuda' else 'fp32'}, batch {a.batch}, median of {a.steps} steps after 1 warm-up")
 
-    model = CLIP4IDC(vocab_size=80).to(device)
+    cap_hp, adapt_hp = ({}, {}) if a.paper_shape else default_hparams(a.config)
+    print("shape:", "ViT-B/32 (paper)" if a.paper_shape else f"{a.config}: clip4idc {cap_hp}")
+    model = CLIP4IDC(vocab_size=80, **cap_hp).to(device)
     batch = make_batch(a.batch, device)
     s, c = time_steps(model, batch, a.steps, device)
-    print(f"captioning train step: {s:.2f} s/step, {a.batch / s:.2f} pairs/s, {c:.1f} CPU-s/step{load_note(device)} "
-          f"(official anchor, CPU fp32 batch 32: {ANCHOR_PAIRS_PER_S} pairs/s; ratio {a.batch / s / ANCHOR_PAIRS_PER_S:.2f}x)")
+    anchor = (f" (official anchor, ViT-B/32, CPU fp32 batch 32: {ANCHOR_PAIRS_PER_S} pairs/s; ratio "
+              f"{a.batch / s / ANCHOR_PAIRS_PER_S:.2f}x)") if a.paper_shape else ""
+    print(f"captioning train step: {s:.2f} s/step, {a.batch / s:.2f} pairs/s, {c:.1f} CPU-s/step{load_note(device)}{anchor}")
 
     model.eval()
     with torch.no_grad():
@@ -106,8 +125,9 @@ def main():
         sync(device)
         d = time.perf_counter() - t
     assert (out > 0).all()
-    print(f"greedy decoding, {a.decode_pairs} pairs x 32 steps: {d:.2f} s{load_note(device)} "
-          f"(official anchor for 32 pairs, CPU: {ANCHOR_DECODE_32_S} s; ratio {ANCHOR_DECODE_32_S / d * 32 / a.decode_pairs:.1f}x)")
+    anchor = (f" (official anchor for 32 pairs, ViT-B/32, CPU: {ANCHOR_DECODE_32_S} s; ratio "
+              f"{ANCHOR_DECODE_32_S / d * 32 / a.decode_pairs:.1f}x)") if a.paper_shape else ""
+    print(f"greedy decoding, {a.decode_pairs} pairs x 32 steps: {d:.2f} s{load_note(device)}{anchor}")
     # Side by side on this machine now: the official decoder runs CLIP on the pair at each of its 32 steps;
     # 32 image-pair encodings alone are a lower bound of its cost.
     with torch.no_grad(), autocast(device):
@@ -120,7 +140,7 @@ def main():
           f"decoding) would take >= {32 * e:.1f} s here, {32 * e / d:.1f}x our decoding")
     del model
 
-    adapt = CLIP4IDCAdapt(text_vocab_size=80, eos_id=END).to(device)
+    adapt = CLIP4IDCAdapt(text_vocab_size=80, eos_id=END, **adapt_hp).to(device)
     s, c = time_steps(adapt, batch, a.steps, device)
     print(f"adaptation train step: {s:.2f} s/step, {a.batch / s:.2f} pairs/s, {c:.1f} CPU-s/step{load_note(device)}")
 

@@ -28,6 +28,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "baseline": ("pipeline.baselines", "sanity baselines: most frequent caption, nearest-neighbour retrieval"),
     "evaluate": ("pipeline.evaluate", "score predictions (BLEU, METEOR, ROUGE-L, CIDEr-D, SPICE) overall and by type"),
     "table": ("pipeline.tables", "write a paper table (CSV + Markdown) from run metrics and paper numbers"),
+    "plots": ("pipeline.plots", "learning curves (train losses, validation score) of a method's runs, or of a table's methods"),
     "cache-pixels": ("pipeline.features.pixels", "decode and resize every image once to a uint8 pixel file (CLIP4IDC)"),
     "adapt-clip4idc": ("pipeline.clip4idc_adapt", "CLIP4IDC adaptation: image-pair/text retrieval, selected on validation"),
     "retrieval-table": ("pipeline.retrieval_tables", "CLIP4IDC retrieval table (CSV + Markdown) from adaptation runs"),

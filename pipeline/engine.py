@@ -7,6 +7,15 @@ Resumption: every ``val_every`` steps the full state (model, optimiser, schedule
 score, history) is saved to ``resume.pt``; a restarted run with the same configuration continues from it
 and ends with exactly the weights and selection an uninterrupted run would have (batches are a pure
 function of the step, see ``pipeline.data``).
+
+Logging (``log(record)``, which the stages append to ``<run_dir>/train_log.jsonl``): ``{"event": "started"}``
+or ``{"event": "resumed", "step"}`` when a session begins, then one record per validation: ``step``, ``loss``
+and every numeric part returned by ``training_loss`` as their MEANS over the steps since the previous
+validation (a part present in only some steps, e.g. one pre-training task of several, is averaged over the
+steps that returned it), ``train_steps`` (how many steps were averaged), ``lr`` (after the step),
+``val_score`` and ``elapsed_s`` (training seconds since step 0, summed over resumed sessions; the time lost
+between the last validation and an interruption is not counted). The averages restart at every validation,
+which is when the resume state is saved, so a resumed run logs what an uninterrupted one would.
 """
 
 from __future__ import annotations
@@ -23,6 +32,32 @@ import torch
 from tqdm import tqdm
 
 from pipeline.utils.io import atomic_path
+
+
+class LossMeans:
+    """Running sums of the loss and of each numeric part since the last validation (``means`` resets them)."""
+
+    def __init__(self):
+        self.sums: dict[str, float] = {}
+        self.counts: dict[str, int] = {}
+        self.steps = 0
+
+    def add(self, loss: float, parts: dict) -> None:
+        self.steps += 1
+        values = {**parts, "loss": loss}  # a part named "loss" cannot shadow the total
+        for k, v in values.items():
+            if isinstance(v, torch.Tensor) and v.numel() == 1:
+                v = v.item()
+            if isinstance(v, (int, float)):  # bools and ints too (e.g. a stage flag: its mean is a fraction)
+                self.sums[k] = self.sums.get(k, 0.0) + float(v)
+                self.counts[k] = self.counts.get(k, 0) + 1
+
+    def means(self) -> dict:
+        keys = ["loss"] + [k for k in self.sums if k != "loss"]
+        out = {k: self.sums[k] / self.counts[k] for k in keys if k in self.sums}
+        out["train_steps"] = self.steps
+        self.__init__()
+        return out
 
 
 @dataclass
@@ -130,8 +165,12 @@ def train(model: torch.nn.Module, batch: Callable[[int], dict], validate: Callab
                 torch.cuda.set_rng_state(ck["cuda_rng"])
             state = ck["state"]
             log({"event": "resumed", "step": state["step"]})
+    if state["step"] == 0:
+        log({"event": "started", "step": 0, "iterations": cfg.iterations, "val_every": cfg.val_every})
     mixed = autocast(device, cfg.precision)
     t0, step0 = time.time(), state["step"]
+    elapsed0 = state.get("elapsed_s", 0.0)  # training seconds of earlier sessions (up to their last validation)
+    means = LossMeans()
     bar = tqdm(total=cfg.iterations, initial=state["step"], desc="train", unit="step", mininterval=5)
     while state["step"] < cfg.iterations:
         step = state["step"]
@@ -147,13 +186,17 @@ def train(model: torch.nn.Module, batch: Callable[[int], dict], validate: Callab
         sched.step()
         state["step"] = step + 1
         bar.update(1)
-        if not math.isfinite(loss.item()):
-            raise FloatingPointError(f"loss became {loss.item()} at step {step}")
+        loss_value = loss.item()
+        if not math.isfinite(loss_value):
+            raise FloatingPointError(f"loss became {loss_value} at step {step}")
+        means.add(loss_value, parts)
         if state["step"] % cfg.val_every == 0 or state["step"] == cfg.iterations:
             model.eval()
+            train_means = means.means()
             score, extra = validate(model)
-            rec = {"step": state["step"], "loss": loss.item(), **parts, "lr": sched.get_last_lr()[0],
-                   "val_score": score, "elapsed_s": round(time.time() - t0, 1)}
+            state["elapsed_s"] = elapsed0 + (time.time() - t0)
+            rec = {"step": state["step"], **train_means, "lr": sched.get_last_lr()[0],
+                   "val_score": score, "elapsed_s": round(state["elapsed_s"], 1)}
             state["history"].append(rec)
             log(rec)
             if score > state["best_score"]:

@@ -5,19 +5,22 @@ Table 7), from adaptation runs, with the paper's numbers beside them.
 --out results/tables/clevr_change_retrieval.csv``. Each run dir holds ``run.json`` and ``retrieval_test.json``
 (written by ``adapt-clip4idc``). Rows: one per adaptation run name (mean ± sample std over its seeds), then the
 paper rows (``pipeline.paper_numbers.RETRIEVAL_ROWS``) of the runs present and of ``--paper-runs``. Columns:
-image pair → text (P2T) and text → image pair (T2P) R@1/5/10 in %, median and mean rank. CSV + Markdown.
+image pair → text (P2T) and text → image pair (T2P) R@1/5/10 in %, median and mean rank; as in the captioning
+tables (``pipeline.tables``), each run row names its configuration in short and its selected step, and the long
+notes are footnotes written once (Markdown) and in ``<stem>.meta.json``. CSV + Markdown + sidecar.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import numpy as np
 
 from pipeline import paper_numbers as pn
 from pipeline.errors import PipelineError
-from pipeline.tables import DATASET_NAMES, md_table, write_csv
+from pipeline.tables import DATASET_NAMES, Footnotes, md_footnotes, md_table, summarise_config, write_csv
 from pipeline.utils.io import atomic_path, read_json
 
 # column -> (direction, key, scale)
@@ -45,17 +48,23 @@ def load_groups(run_dirs, dataset: str) -> list[dict]:
             raise PipelineError(f"{d}/retrieval_test.json: split {res.get('split')!r}, expected 'test'")
         key = (run["method"], run["kind"], str(run["source"]), str(run.get("backbone")))
         g = groups.setdefault(key, {"run": key[0], "kind": key[1], "source": key[2], "backbone": key[3],
-                                    "weights": [], "seeds": [], "results": []})
+                                    "weights": [], "seeds": [], "results": [], "runs": []})
         if run["seed"] in g["seeds"]:
             raise PipelineError(f"{d}: seed {run['seed']} of {key[0]!r} given twice")
         g["seeds"].append(run["seed"])
         g["weights"].append(str(run.get("weights")))
         g["results"].append(res)
+        g["runs"].append(run)
     return list(groups.values())
 
 
-def table_rows(groups: list[dict], dataset: str, paper_runs=()) -> list[dict]:
+INFO = ("method", "kind", "config", "selected step", "source", "backbone", "weights", "seeds", "n_pairs")
+MD_INFO = ("method", "kind", "source", "config", "selected step", "seeds")
+
+
+def table_rows(groups: list[dict], dataset: str, paper_runs=(), notes: Footnotes | None = None) -> list[dict]:
     name = DATASET_NAMES.get(dataset, dataset)
+    notes = notes or Footnotes()
     rows = []
     for g in groups:
         weights = "; ".join(dict.fromkeys(g["weights"]))
@@ -65,9 +74,11 @@ def table_rows(groups: list[dict], dataset: str, paper_runs=()) -> list[dict]:
         if "random" in weights:
             caveats.append(f"CLIP with random-init weights ({weights})")
         row = {"method": g["run"], "kind": g["kind"], "source": f"{g['source']} {name}", "backbone": g["backbone"],
-               "weights": weights, "seeds": ",".join(map(str, g["seeds"])),
+               "config": " / ".join(dict.fromkeys(summarise_config(r.get("config") or {}) for r in g["runs"])),
+               "selected step": ",".join(str(r["selected_step"]) for r in g["runs"] if r.get("selected_step") is not None),
+               "weights": " ".join(weights.split("(")[0].split()), "seeds": ",".join(map(str, g["seeds"])),
                "n_pairs": ",".join(str(n) for n in sorted({r["n_pairs"] for r in g["results"]})),
-               "note": "; ".join(caveats) + (": not comparable to the paper rows" if caveats else "")}
+               "notes": notes.refs(["; ".join(caveats) + (": not comparable to the paper rows" if caveats else "")])}
         for col, (direction, key, scale) in COLUMNS.items():
             row[col] = _mean_std([r[direction][key] * scale for r in g["results"]])
         rows.append(row)
@@ -75,7 +86,7 @@ def table_rows(groups: list[dict], dataset: str, paper_runs=()) -> list[dict]:
     for r in pn.retrieval_rows(dataset, wanted):
         note = "; ".join(x for x in (f"paper row '{r.label}'" if r.label else "", r.note) if x)
         row = {"method": r.run, "kind": "paper", "source": r.source, "backbone": "", "weights": "as published",
-               "seeds": "", "n_pairs": "", "note": note}
+               "config": "", "selected step": "", "seeds": "", "n_pairs": "", "notes": notes.refs([note])}
         row.update({c: (r.values.get(c), None) for c in COLUMNS})
         rows.append(row)
     return rows
@@ -89,12 +100,19 @@ PREAMBLE = ("Image pair → text (P2T) and text → image pair (T2P) retrieval o
 
 def write(groups: list[dict], dataset: str, out: str | Path, paper_runs=()) -> list[Path]:
     out = Path(out)
-    rows = table_rows(groups, dataset, paper_runs)
-    write_csv(out, rows, list(COLUMNS))
+    notes = Footnotes()
+    rows = table_rows(groups, dataset, paper_runs, notes)
+    write_csv(out, rows, list(COLUMNS), info=INFO)
     md = out.with_suffix(".md")
     with atomic_path(md) as tmp:
-        tmp.write_text(PREAMBLE + "\n" + md_table(rows, list(COLUMNS)), encoding="utf-8")
-    return [out, md]
+        tmp.write_text(PREAMBLE + "\n" + md_table(rows, list(COLUMNS), info=MD_INFO) + md_footnotes(rows, notes),
+                       encoding="utf-8")
+    meta = out.with_suffix(".meta.json")
+    with atomic_path(meta) as tmp:
+        tmp.write_text(json.dumps({"dataset": dataset, "tables": {out.name: "CLIP4IDC adaptation retrieval"},
+                                   "preamble": PREAMBLE.strip(), "notes": notes.as_dict()}, indent=1, ensure_ascii=False)
+                       + "\n", encoding="utf-8")
+    return [out, md, meta]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -12,24 +12,33 @@ def table_runs(table):
     return runs + [f"results/{ds}/{m}/seed0" for m in t.get("sanity", [])]  # sanity rows are deterministic
 
 
+def table_orderings(table):
+    """Ablation tables (named *_ablation_*) state whether the paper's ordering of their rows holds here."""
+    return "--orderings" if "_ablation_" in table else ""
+
+
 rule table:
-    """A paper table: reproduced rows (mean ± std over seeds), sanity rows, and the papers' numbers."""
+    """A paper table: reproduced rows (mean ± std over seeds), sanity rows, and the papers' numbers; the
+    Markdown links the learning curves (rules/plots.smk), which are drawn as part of the table's target."""
     input:
         metrics=lambda w: [f"{r}/metrics.json" for r in table_runs(w.table)],
         runs=lambda w: [f"{r}/run.json" for r in table_runs(w.table)],
+        plots=lambda w: table_plots(w.table),
     output:
         csv="results/tables/{table}.csv",
         md="results/tables/{table}.md",
         by_type="results/tables/{table}_by_type.csv",
         pairs="results/tables/{table}_pairs.csv",
+        meta="results/tables/{table}.meta.json",
     wildcard_constraints:
         table="|".join(config["tables"]),
     params:
         dataset=lambda w: table_dataset(w.table),
         runs=lambda w: table_runs(w.table),
         paper=lambda w: " ".join(table_cfg(w.table)["methods"]),
+        orderings=lambda w: table_orderings(w.table),
     log:
         "logs/tables/{table}.log",
     shell:
         "python -m pipeline table --dataset {params.dataset} --runs {params.runs} "
-        "--paper-methods {params.paper} --out {output.csv} > {log} 2>&1"
+        "--paper-methods {params.paper} --plots {input.plots} {params.orderings} --out {output.csv} > {log} 2>&1"

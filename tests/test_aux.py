@@ -163,13 +163,30 @@ def test_soft_embedding_path_matches_finite_differences():
 
 def test_captioning_loss_on_b_hat_trains_the_auxiliary_network():
     torch.manual_seed(0)
-    m = tiny()
-    loss, _ = m.training_loss(aux_batch(step=1))  # stage 2: auxiliary → primary
-    loss.backward()
+    m = tiny()  # b_hat_min_omega 0: B̂ always fed
+    loss_pri, _, parts = m.auxiliary_to_primary(aux_batch(step=1), epoch=0)  # stage 2, captioning loss alone
+    assert parts["b_hat_fed"] == 1
+    loss_pri.backward()
     for name, p in [("composition gate", m.aux.compose_fn.gate[2].weight), ("image encoder", m.aux.image.conv1.weight),
                     ("text LSTM", m.aux.text.lstm.weight_ih_l0), ("scale", m.aux.norm.scale),
                     ("captioner", m.primary.speaker.logit.weight)]:
         assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def test_stage2_feeds_b_hat_only_once_retrieval_weighs_b_enough():
+    batch = aux_batch(step=1)
+    for threshold, fed in ((0.0, 1), (1.0, 0)):  # ω_B < 1 always (4 candidates, finite logits)
+        torch.manual_seed(0)
+        m = tiny(b_hat_min_omega=threshold).eval()
+        torch.manual_seed(3)
+        loss_pri, l_aux, parts = m.auxiliary_to_primary(batch, epoch=0)
+        assert parts["b_hat_fed"] == fed and 0 < parts["omega_b"] < 1
+        on_true_pair = m.primary.training_loss(batch)[0].item()
+        assert (abs(loss_pri.item() - on_true_pair) < 1e-6) == (not fed)
+        # Stage 2's L_aux is Eq. 6 for the ground-truth query: −log ω_B, trained whether or not B̂ is fed.
+        assert l_aux.item() > 0 and l_aux.requires_grad
+    with pytest.raises(PipelineError, match="b_hat_min_omega"):
+        tiny(b_hat_min_omega=1.5)
 
 
 def test_final_loss_is_the_gamma_weighted_sum():
@@ -181,8 +198,10 @@ def test_final_loss_is_the_gamma_weighted_sum():
     assert abs(loss.item() - (0.7 * parts["l_pri"] + 0.3 * parts["l_aux"])) < 1e-5
     # L_pri of stage 1 is DUDA's own objective on the real pairs.
     assert abs(parts["l_pri"] - m.primary.training_loss(batch)[0].item()) < 1e-5
+    # Stage 2: Eq. 14 too, L_aux = −mean log ω_B for the ground-truth query.
     loss2, parts2 = m.training_loss(aux_batch(step=1))
-    assert abs(loss2.item() - 0.7 * parts2["l_pri"]) < 1e-5 and "l_aux" not in parts2
+    assert abs(loss2.item() - (0.7 * parts2["l_pri"] + 0.3 * parts2["l_aux"])) < 1e-5
+    assert parts2["l_aux"] >= -math.log(parts2["omega_b"]) - 1e-5  # Jensen: mean −log ω ≥ −log mean ω
 
 
 def test_stage1_reuses_duda_detector_pass_and_matches_a_fresh_caption():
@@ -204,6 +223,24 @@ def test_stage1_reuses_duda_detector_pass_and_matches_a_fresh_caption():
         n = int(lengths[i])
         assert torch.equal(probs[i, :n].argmax(1), words[i, :n])
     assert abs(probs.sum(2) - 1).max() < 1e-5
+
+
+def test_word_distributions_in_training_mode_are_those_of_the_greedy_caption():
+    """Eq. 3 while training: P's argmax is Ĉ (the speaker's dropout is off in both passes, on again after)."""
+    from pipeline.models.aux_training import _duda_caption
+
+    torch.manual_seed(0)
+    m = tiny(primary_model={**DUDA_HP, "dropout": 0.9}).train()
+    batch = aux_batch()
+    with torch.no_grad():
+        l_bef, l_aft, l_diff = m.primary.detector(batch["before"], [batch["sc"]])[0][:3]
+    probs, lengths = _duda_caption(m.primary, l_bef, l_aft, l_diff, 6)
+    assert m.primary.speaker.training
+    m.primary.speaker.eval()
+    words = m.primary.speaker.greedy(l_bef, l_diff, l_aft, 6)
+    for i in range(4):
+        n = int(lengths[i])
+        assert torch.equal(probs[i, :n].argmax(1), words[i, :n])
 
 
 def test_caption_lengths_stop_at_the_first_end():

@@ -400,9 +400,10 @@ def test_layer_sweep_is_a_named_target_outside_the_main_job(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     out = p.stdout + p.stderr
     trained = set(re.findall(r"--method (clip4idc_frozen_intra\d+_inter\d+)", out))
-    assert trained == {f"clip4idc_frozen_intra{n}_inter{12 - n}" for n in range(6, 13)}
+    # The default's small ViT has 6 layers: N_intra from half to all of them, as the paper's 6..12 of 12.
+    assert trained == {f"clip4idc_frozen_intra{n}_inter{6 - n}" for n in range(3, 7)}
     adapted = set(re.findall(r"adapt-clip4idc --name (\S+)", out))
-    assert adapted == {"clip4idc_adapt"} | {f"clip4idc_adapt_intra{n}_inter{12 - n}" for n in (6, 7, 8, 10, 11, 12)}
+    assert adapted == {"clip4idc_adapt"} | {f"clip4idc_adapt_intra{n}_inter{6 - n}" for n in (3, 5, 6)}
     main = _dry_run(tmp_path, root / "config" / "config.yaml")
     assert main.returncode == 0 and "clip4idc_frozen" not in main.stdout + main.stderr
     assert "adapt-clip4idc --name clip4idc_adapt " in main.stdout + main.stderr
@@ -413,8 +414,31 @@ def test_a_sweep_block_that_contradicts_its_id_is_refused(tmp_path):
 
     root = Path(__file__).resolve().parent.parent
     cfg = yaml.safe_load((root / "config" / "config.yaml").read_text())
-    cfg["methods"]["clip4idc_frozen_intra7_inter5"]["model"]["n_intra"] = 8
+    cfg["methods"]["clip4idc_frozen_intra5_inter1"]["model"]["n_intra"] = 4
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(cfg))
     p = _dry_run(tmp_path, bad, "clip4idc_layer_sweep")
-    assert p.returncode != 0 and "methods.clip4idc_frozen_intra7_inter5: needs model.n_intra: 7" in p.stdout + p.stderr
+    assert p.returncode != 0 and "methods.clip4idc_frozen_intra5_inter1: needs model.n_intra: 5" in p.stdout + p.stderr
+
+
+def test_default_config_trains_one_small_clip_that_the_captioners_start_from():
+    """The embedded default's CLIP blocks share one small from-scratch shape (a random ViT-B/32 cannot learn in a
+    CPU budget): the adaptation's encoder loads into clip4idc and into every sweep captioner of the same split."""
+    import yaml
+
+    root = Path(__file__).resolve().parent.parent
+    cfg = yaml.safe_load((root / "config" / "config.yaml").read_text())
+    adapt_hp = dict(cfg["pretraining"]["clip4idc_adapt"]["model"])
+    adapt_hp.pop("text_tokens")
+    shape = ClipShape(**adapt_hp["clip"])
+    assert shape != ClipShape() and shape.image_size == 224  # small, on the cached 224-px pixels
+    torch.manual_seed(0)
+    adapt = CLIP4IDCAdapt(text_vocab_size=20, eos_id=END, **adapt_hp)
+    assert sum(p.numel() for p in adapt.encoder.parameters()) < 5e6
+    for m in ("clip_ft", "clip4idc", "clip4idc_no_adapt"):
+        assert cfg["methods"][m]["model"]["clip"] == adapt_hp["clip"], m
+        assert cfg["methods"][m]["model"]["weights"] == "random" and cfg["methods"][m]["model"]["encoder_lr_mult"] == 1.0
+    assert cfg["methods"]["clip_ft"]["model"]["n_intra"] == shape.vision_layers  # CLIP-FT: every layer intra
+    cap = CLIP4IDC(vocab_size=20, **cfg["methods"]["clip4idc"]["model"])
+    cap.init_from(adapt.state_dict())
+    torch.testing.assert_close(cap.encoder.state_dict(), adapt.encoder.state_dict())

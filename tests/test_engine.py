@@ -13,7 +13,7 @@ def batch_fn(step):
     return b
 
 
-def run(tmp, stop_after=None):
+def run(tmp, stop_after=None, log=None):
     torch.manual_seed(0)
     model = DUDA(vocab_size=12, feat_dim=16, att_hidden=32, embed_dim=8, hidden=16, dropout=0.3)
     fixed = batch_fn(999)
@@ -24,23 +24,65 @@ def run(tmp, stop_after=None):
 
     cfg = TrainConfig(iterations=20, lr=1e-2, batch_size=4, val_every=5, lr_step_epochs=2, lr_gamma=0.5)
     summary = train(model, batch_fn, validate, cfg, tmp, n_train=16, device=torch.device("cpu"),
-                    identity={"test": 1}, log=lambda r: None, stop_after=stop_after)
+                    identity={"test": 1}, log=log or (lambda r: None), stop_after=stop_after)
     return model, summary
 
 
+def _without_time(history):
+    return [{k: v for k, v in h.items() if k != "elapsed_s"} for h in history]
+
+
 def test_resumed_run_equals_uninterrupted(tmp_path):
-    full, s_full = run(tmp_path / "a")
-    part, s_part = run(tmp_path / "b", stop_after=12)  # interrupted after step 12; state saved at step 10
+    logs_a, logs_b = [], []
+    full, s_full = run(tmp_path / "a", log=logs_a.append)
+    part, s_part = run(tmp_path / "b", stop_after=12, log=logs_b.append)  # interrupted after step 12; saved at 10
     assert not s_part["finished"]
-    resumed, s_res = run(tmp_path / "b")
+    resumed, s_res = run(tmp_path / "b", log=logs_b.append)
     assert s_res["finished"]
     for (n, p), q in zip(full.state_dict().items(), resumed.state_dict().values()):
         assert torch.equal(p, q), n
     assert s_res["best_step"] == s_full["best_step"]
     assert [h["val_score"] for h in s_res["history"]] == [h["val_score"] for h in s_full["history"]]
+    # the logged train-loss means (loss and every part) are those of the uninterrupted run, also after resuming
+    assert _without_time(s_res["history"]) == _without_time(s_full["history"])
+    assert {"loss", "ce_pos", "ce_neg", "train_steps", "lr", "val_score", "elapsed_s"} <= set(s_res["history"][-1])
+    events = [r.get("event") for r in logs_b if "event" in r]
+    assert events == ["started", "resumed"] and logs_b[-1]["step"] == 20
+    steps_b = [r["step"] for r in logs_b if "val_score" in r]
+    assert steps_b == [5, 10, 15, 20]  # nothing logged twice: the interrupted session stopped before step 15
+    assert _without_time([r for r in logs_b if "val_score" in r]) == _without_time([r for r in logs_a if "val_score" in r])
     a = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=False)
     b = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)
     assert a["step"] == b["step"] and all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
+def test_logged_losses_are_means_over_the_steps_since_the_last_validation(tmp_path):
+    seen = []
+
+    class Recording(DUDA):
+        def training_loss(self, batch):
+            loss, parts = super().training_loss(batch)
+            parts = {**parts, "odd_only": 1.0} if len(seen) % 2 else dict(parts)  # a part some steps lack
+            seen.append((loss.item(), parts))
+            return loss, parts
+
+    torch.manual_seed(0)
+    model = Recording(vocab_size=12, feat_dim=16, att_hidden=32, embed_dim=8, hidden=16, dropout=0.3)
+    cfg = TrainConfig(iterations=7, lr=1e-2, batch_size=4, val_every=3)
+    logs = []
+    summary = train(model, batch_fn, lambda m: (0.5, None), cfg, tmp_path, 16, torch.device("cpu"), {"t": 1},
+                    log=logs.append)
+    recs = [r for r in logs if "val_score" in r]
+    assert [r["step"] for r in recs] == [3, 6, 7] and [r["train_steps"] for r in recs] == [3, 3, 1]
+    for rec, (lo, hi) in zip(recs, ((0, 3), (3, 6), (6, 7))):
+        window = seen[lo:hi]
+        assert abs(rec["loss"] - sum(w[0] for w in window) / len(window)) < 1e-12
+        assert abs(rec["ce_pos"] - sum(w[1]["ce_pos"] for w in window) / len(window)) < 1e-12
+        odd = [w[1]["odd_only"] for w in window if "odd_only" in w[1]]
+        assert rec.get("odd_only") == (1.0 if odd else None)  # averaged over the steps that returned it
+    assert recs[0]["loss"] != seen[2][0]  # not the last step's loss
+    assert logs[0] == {"event": "started", "step": 0, "iterations": 7, "val_every": 3}
+    assert summary["history"] == recs
 
 
 def test_resume_state_of_another_configuration_is_ignored(tmp_path):

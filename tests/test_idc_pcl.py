@@ -106,9 +106,11 @@ def test_mvcl_nce_on_a_hand_computed_case():
 
 
 def test_fda_loss_on_a_hand_computed_case():
-    visual = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
-    text = torch.tensor([[[3.0, 0.0], [0.0, 1.0], [1.0, 1.0]],   # cos 1, 0, 1/sqrt2: positive ranked first
-                         [[1.0, 0.0], [0.0, 1.0], [0.0, -1.0]]])  # cos 0, 1, -1: a negative wins
+    # Each caption is scored against the visual vector of its own pass (eq. 9 per (pair, caption) input).
+    visual = torch.tensor([[[1.0, 0.0], [1.0, 0.0], [1.0, 0.0]],
+                           [[0.0, 2.0], [1.0, 1.0], [0.0, 5.0]]])
+    text = torch.tensor([[[3.0, 0.0], [0.0, 1.0], [1.0, 1.0]],    # cos 1, 0, 1/sqrt2: positive ranked first
+                         [[1.0, 0.0], [1.0, 1.0], [0.0, -1.0]]])  # cos 0, 1, -1: a negative wins
     c = 1 / math.sqrt(2)
     l1 = -1 + math.log(math.e + 1 + math.exp(c))
     l2 = -0 + math.log(1 + math.e + math.exp(-1))
@@ -165,9 +167,12 @@ def test_mvcl_zeroes_only_the_masked_cells_of_the_chosen_image(monkeypatch):
     assert torch.equal(a, batch["img1"].flatten(2)) and torch.equal(b, batch["img2"].flatten(2))
 
 
-def test_fda_encodes_each_pair_once_with_the_same_result_as_per_caption():
+def test_fda_scores_each_caption_against_the_visual_vector_of_its_own_pass():
     torch.manual_seed(0)
     m = tiny().eval()
+    with torch.no_grad():  # weights far from the 0.02 init, so that the visual vector depends on the caption
+        for w in m.parameters():
+            w.normal_(0.0, 0.5)
     batch = pt_batch("fda", b=2, k=4)
     loss, parts = m.pretraining_loss(batch)
     text = m.trim(batch["text"])
@@ -179,14 +184,17 @@ def test_fda_encodes_each_pair_once_with_the_same_result_as_per_caption():
             out = m.cross_modal(v, m.embed_text(t_in), m.padding_mask(v.size(1), t_in))
             vis.append(0.5 * (out[0, 0] + out[0, v.size(1) // 2]))
             txt.append(out[0, v.size(1)])
-    want, _ = fda_loss(torch.stack(vis).view(2, 4, -1)[:, 0], torch.stack(txt).view(2, 4, -1), 1.0)
+    want, _ = fda_loss(torch.stack(vis).view(2, 4, -1), torch.stack(txt).view(2, 4, -1), 1.0)
     assert math.isclose(loss.item(), want.item(), rel_tol=1e-5)
+    # Not the positive pass's visual vector for every candidate (that vector has read the positive caption).
+    pos_only, _ = fda_loss(torch.stack(vis).view(2, 4, 1, -1)[:, 0].expand(2, 4, -1), torch.stack(txt).view(2, 4, -1), 1.0)
+    assert not math.isclose(loss.item(), pos_only.item(), rel_tol=1e-4)
 
 
-@pytest.mark.parametrize("task", ["mlm", "mvcl", "fda", "finetune"])
+@pytest.mark.parametrize("task", ["mlm", "mvcl", "fda", "finetune", "finetune_every"])
 def test_last_layer_computed_only_where_a_loss_reads_gives_the_same_loss(task):
-    m = tiny().eval()
-    batch = ft_batch(3) if task == "finetune" else pt_batch(task)
+    m = tiny(ft_targets="every" if task == "finetune_every" else "masked").eval()
+    batch = ft_batch(3) if task.startswith("finetune") else pt_batch(task)
     losses = []
     for prune in (True, False):
         m.prune_last = prune
@@ -254,9 +262,33 @@ def test_cached_greedy_equals_recomputing_the_whole_sequence(difference_encoder)
         torch.testing.assert_close(logits[live, t], want[live], rtol=1e-4, atol=1e-5)
 
 
-def test_learns_to_write_a_caption_and_stops_at_end():
+def test_every_word_fine_tuning_equals_a_mask_after_each_true_prefix():
+    """ft_targets='every': the loss is the mean cross-entropy of each word predicted at a [MASK] placed after
+    its true prefix under the sequence-to-sequence mask (the input greedy decoding gives)."""
     torch.manual_seed(0)
-    m = tiny(ft_mask_prob=0.5, layers=1)
+    m = tiny(ft_targets="every", distractor_judging=False).eval()
+    batch = ft_batch(3)
+    batch["pos_labels"][1, 4:] = 0  # captions of different lengths
+    batch["pos_labels"][1, 3] = END
+    loss, _ = m.training_loss(batch)
+    v = m.visual(torch.cat([batch["before"]] * 2), torch.cat([batch["sc"], batch["nsc"]]))
+    labels = m.trim(torch.cat([batch["pos_labels"], batch["neg_labels"]]))
+    nv, ces = v.size(1), []
+    for i in range(labels.size(0)):
+        for j in range(1, labels.size(1)):
+            if labels[i, j] == 0:
+                continue
+            t_in = torch.cat([m.text_input(labels[i:i + 1, :j]), torch.tensor([[m.mask_id]])], 1)
+            out = m.cross_modal(v[i:i + 1], m.embed_text(t_in), m.seq2seq_mask(nv, t_in.size(1), "cpu"))
+            ces.append(torch.nn.functional.cross_entropy(m.word_logits(out[:, -1]), labels[i:i + 1, j]).item())
+    assert len(ces) == int((labels[:, 1:] > 0).sum())
+    assert math.isclose(loss.item(), sum(ces) / len(ces), rel_tol=1e-5)
+
+
+@pytest.mark.parametrize("targets", ["masked", "every"])
+def test_learns_to_write_a_caption_and_stops_at_end(targets):
+    torch.manual_seed(0)
+    m = tiny(ft_mask_prob=0.5, layers=1, ft_targets=targets)
     batch = ft_batch(2)
     opt = torch.optim.Adam(m.parameters(), 3e-3)
     for _ in range(250):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import pytest
@@ -33,12 +34,16 @@ def _metrics(cider, bleu4=0.5):
     }
 
 
-def _run(root: Path, method, seed, kind, cider, bleu4=0.5, dataset="clevr_change") -> Path:
+def _run(root: Path, method, seed, kind, cider, bleu4=0.5, dataset="clevr_change", config=None, captions=None,
+         selected=10) -> Path:
     d = root / method / f"seed{seed}"
     write_json(d / "run.json", {"method": method, "dataset": dataset, "seed": seed, "kind": kind, "source": "synthetic",
-                                "backbone": "resnet101_layer3", "weights": "random(seed=0)", "selected_step": 10,
-                                "val_CIDEr": 0.1, "config": {}})
+                                "backbone": "resnet101_layer3", "weights": "random(seed=0)",
+                                "selected_step": selected if kind == "reproduced" else None,
+                                "val_CIDEr": 0.1, "config": config or {}})
     write_json(d / "metrics.json", _metrics(cider, bleu4))
+    if captions is not None:
+        write_json(d / "predictions_test.json", [{"image_id": f"{i:06d}.png", "caption": c} for i, c in enumerate(captions)])
     return d
 
 
@@ -66,9 +71,12 @@ def test_mean_std_over_seeds_and_na(written):
     d = duda[0]
     assert d["CIDEr"] == "110.0" and d["CIDEr std"] == "14.1"  # mean/sample std of 100 and 120
     assert d["BLEU-4"] == "42.0" and d["BLEU-4 std"] == "2.8"
-    assert d["seeds"] == "0,1" and d["source"] == "synthetic CLEVR-Change" and d["weights"] == "random(seed=0)"
+    assert d["seeds"] == "0,1" and d["source"] == "synthetic CLEVR-Change" and d["weights"] == "random"
     assert d["SPICE"] == "n/a" and d["SPICE std"] == ""
-    assert "not comparable to the paper rows" in d["note"] and "random" in d["note"]
+    notes = json.loads((written / "clevr_change.meta.json").read_text())["notes"]
+    texts = [notes[n] for n in d["notes"].split(",")]
+    assert any("not comparable to the paper rows" in t and "synthetic" in t for t in texts)
+    assert any("random(seed=0)" in t for t in texts) and any(t.startswith("SPICE not available") for t in texts)
     sanity = [r for r in rows if r["kind"] == "sanity"]
     assert [r["method"] for r in sanity] == ["most_frequent"] and sanity[0]["CIDEr std"] == ""
     md = (written / "clevr_change.md").read_text()
@@ -165,3 +173,124 @@ def test_paper_numbers_appear_in_seed_files():
         for k, v in r.values.items():
             if v is not None:
                 assert f"{v:.1f}" in numbers, (r.method, r.block, k, v)
+
+
+IDC_PCL_CONFIG = {"backbone": "resnet101_layer4", "init_from": "idc_pcl_pretrain",
+                  "model": {"hidden": 512, "heads": 8, "ff": 2048, "layers": 3, "single_layers": 1, "pair_layers": 1},
+                  "train": {"iterations": 1200, "batch_size": 32, "lr": 1e-4, "val_every": 40}}
+
+
+def test_config_summary_is_derived_from_run_json():
+    # without the first stage on disk the summary still names it
+    assert tables.summarise_config(IDC_PCL_CONFIG, ("first stage", {})) == (
+        "d=512, 1+1+3 layers, 1.2k steps, batch 32 + first stage (idc_pcl_pretrain)")
+    pre = ("pre-training", {"train": {"iterations": 88, "batch_size": 8}})
+    assert tables.summarise_config(IDC_PCL_CONFIG, pre) == ("d=512, 1+1+3 layers, 1.2k steps, batch 32 "
+                                                            "+ pre-training (idc_pcl_pretrain) 88 steps, batch 8")
+    duda = {"model": {"att_hidden": 128, "embed_dim": 300, "hidden": 512}, "train": {"iterations": 700, "batch_size": 32}}
+    assert tables.summarise_config(duda) == "d=512, att 128, 700 steps, batch 32"
+    scorer = {"model": {"dim": 512, "layers": 2, "decoder_layers": 2, "grid": 14, "pool": 7},
+              "train": {"iterations": 10000, "batch_size": 128}}
+    assert tables.summarise_config(scorer) == "d=512, 2+2 layers, 7×7 grid (pooled), 10k steps, batch 128"
+    clip = {"model": {"clip": {"vision_width": 32, "vision_layers": 4}, "n_intra": 3, "layers": 1},
+            "train": {"iterations": 4, "batch_size": 4}}
+    assert tables.summarise_config(clip) == "CLIP w=32, 4 layers, N_intra=3 of 4, 1 layer, 4 steps, batch 4"
+    aux = {"model": {"primary_model": {"hidden": 512, "att_hidden": 128}, "embed_dim": 256}, "train": {"iterations": 80}}
+    assert tables.summarise_config(aux) == "d=512, att 128, aux d=256, 80 steps"
+
+
+def test_new_columns_distinct_captions_and_notes_written_once(tmp_path):
+    pre = tmp_path / "idc_pcl_pretrain" / "seed0"
+    write_json(pre / "pretrain.json", {"name": "idc_pcl_pretrain", "config": {"train": {"iterations": 88, "batch_size": 8}}})
+    runs = [
+        _run(tmp_path, "idc_pcl", 0, "reproduced", 1.0, config=IDC_PCL_CONFIG, selected=80,
+             captions=["the cube changed color", "no change", "no change", "the cube changed color", "a sphere moved"]),
+        _run(tmp_path, "duda", 0, "reproduced", 1.1, config={"model": {"hidden": 64}, "train": {"iterations": 12}},
+             captions=["no change"] * 4),
+        _run(tmp_path, "most_frequent", 0, "sanity", 0.3, captions=["no change"] * 4),
+    ]
+    plot = tmp_path / "clevr_change" / "plots" / "duda.png"
+    out = tmp_path / "tables" / "clevr_change.csv"
+    assert main(["table", "--dataset", "clevr_change", "--runs", *map(str, runs), "--out", str(out),
+                 "--plots", str(plot), str(plot.with_name("clevr_change_val_cider.png"))]) == 0
+    rows = _read(out)
+    assert {"config", "selected step", "distinct test captions", "notes"} <= set(rows[0]) and "note" not in rows[0]
+    got = {(r["method"], r["kind"]): r for r in rows}
+    pcl = got[("idc_pcl", "reproduced")]
+    assert pcl["distinct test captions"] == "3" and pcl["selected step"] == "80"
+    assert pcl["config"] == "d=512, 1+1+3 layers, 1.2k steps, batch 32 + pre-training (idc_pcl_pretrain) 88 steps, batch 8"
+    assert got[("duda", "reproduced")]["distinct test captions"] == "1"
+    assert got[("most_frequent", "sanity")]["config"] == "" and got[("most_frequent", "sanity")]["selected step"] == ""
+    assert got[("duda", "paper")]["distinct test captions"] == ""
+    # the long notes are nowhere in the CSV cells; each is written once in the sidecar and once in the Markdown
+    for r in rows:
+        assert all("not comparable" not in v and "random(seed=0)" not in v for v in r.values())
+    meta = json.loads((tmp_path / "tables" / "clevr_change.meta.json").read_text())
+    texts = list(meta["notes"].values())
+    assert len(texts) == len(set(texts))
+    caveat = next(t for t in texts if "not comparable" in t)
+    md = (tmp_path / "tables" / "clevr_change.md").read_text()
+    assert md.count(caveat) == 1 and md.count("random(seed=0)") == 1
+    n = next(k for k, t in meta["notes"].items() if t == caveat)
+    assert all(n in r["notes"].split(",") for r in rows if r["kind"] != "paper")
+    # the Markdown links the figures relative to itself
+    assert "(../clevr_change/plots/duda.png)" in md and "![validation CIDEr-D vs step](../clevr_change/plots/clevr_change_val_cider.png)" in md
+    assert meta["plots"] == ["../clevr_change/plots/duda.png", "../clevr_change/plots/clevr_change_val_cider.png"]
+    assert meta["orderings"] == []
+
+
+def test_ablation_ordering_is_computed_against_the_paper(tmp_path):
+    # paper (SCORER Table 6), CIDEr: subtraction 119.7 < rr 123.8 < rr_cbr 125.5
+    runs = [_run(tmp_path, "subtraction", 0, "reproduced", 0.70), _run(tmp_path, "rr", 0, "reproduced", 0.90),
+            _run(tmp_path, "rr_cbr", 0, "reproduced", 0.80)]
+    out = tmp_path / "t" / "ablation.csv"
+    assert main(["table", "--dataset", "clevr_change", "--runs", *map(str, runs), "--out", str(out),
+                 "--paper-methods", "--orderings"]) == 0
+    meta = json.loads((tmp_path / "t" / "ablation.meta.json").read_text())
+    total = next(o for o in meta["orderings"] if o["block"] == "total")
+    assert [m for m, _ in total["paper"]] == ["subtraction", "rr", "rr_cbr"]
+    assert [m for m, _ in total["here"]] == ["subtraction", "rr_cbr", "rr"]
+    assert total["holds"] is False and total["inverted"] == [["rr", "rr_cbr"]]
+    assert "here: subtraction 70.0 < rr_cbr 80.0 < rr 90.0" in total["statement"]
+    assert "first difference at rank 2 from the bottom: paper rr, here rr_cbr" in total["statement"]
+    assert total["statement"] in (tmp_path / "t" / "ablation.md").read_text()
+    changed = next(o for o in meta["orderings"] if o["block"] == "changed")  # Table 7: 108.0 < 119.1 < 122.4
+    assert changed["holds"] is False and changed["statement"] in (tmp_path / "t" / "ablation_pairs.md").read_text()
+
+    same = [_run(tmp_path / "b", m, 0, "reproduced", c) for m, c in (("subtraction", 0.7), ("rr", 0.8), ("rr_cbr", 0.9))]
+    main(["table", "--dataset", "clevr_change", "--runs", *map(str, same), "--out", str(tmp_path / "b.csv"), "--paper-methods",
+          "--orderings"])
+    ok = json.loads((tmp_path / "b.meta.json").read_text())["orderings"][0]
+    assert ok["holds"] is True and ok["statement"].endswith("the paper's ordering holds")
+
+
+def test_ordering_falls_back_to_another_dataset_and_says_so(tmp_path):
+    # the DIRL ablation rows have paper numbers on CLEVR-DC only (DIRL Table 6)
+    runs = [_run(tmp_path, "transformer", 0, "reproduced", 0.9), _run(tmp_path, "dirl", 0, "reproduced", 0.8)]
+    o = tables.ordering(tables.total_rows(tables.load_runs(runs, "clevr_change"), "clevr_change", []), "clevr_change", "total")
+    assert o["paper_dataset"] == "clevr_dc" and "reported on CLEVR-DC only" in o["statement"]
+    assert o["holds"] is False and [m for m, _ in o["paper"]] == ["transformer", "dirl"]
+    single = tables.ordering(tables.total_rows(tables.load_runs(runs[:1], "clevr_change"), "clevr_change", []),
+                             "clevr_change", "total")
+    assert single["holds"] is None and "no ordering to compare" in single["statement"]
+
+
+def test_retrieval_table_shares_the_compact_columns_and_notes(tmp_path):
+    d = tmp_path / "clip4idc_adapt" / "seed0"
+    config = {"model": {"clip": {"vision_width": 32, "vision_layers": 4}, "n_intra": 3},
+              "train": {"iterations": 4, "batch_size": 4}}
+    write_json(d / "run.json", {"method": "clip4idc_adapt", "stage": "adapt-clip4idc", "dataset": "clevr_change", "seed": 0,
+                                "kind": "reproduced", "source": "synthetic", "backbone": "clip_pixels224",
+                                "weights": "CLIP random(seed=0)", "selected_step": 2, "config": config})
+    direction = {"R@1": 0.1, "R@5": 0.3, "R@10": 0.5, "MedianR": 9.0, "MeanR": 12.5}
+    write_json(d / "retrieval_test.json", {"split": "test", "n_pairs": 6, "pair_to_text": direction, "text_to_pair": direction})
+    out = tmp_path / "tables" / "clevr_change_retrieval.csv"
+    assert main(["retrieval-table", "--dataset", "clevr_change", "--runs", str(d), "--out", str(out)]) == 0
+    rows = {r["kind"]: r for r in _read(out)}
+    ours = rows["reproduced"]
+    assert ours["config"] == "CLIP w=32, 4 layers, N_intra=3 of 4, 4 steps, batch 4" and ours["selected step"] == "2"
+    assert ours["weights"] == "CLIP random" and ours["P2T R@1"] == "10.0" and rows["paper"]["P2T R@1"] == "46.4"
+    notes = json.loads(out.with_suffix(".meta.json").read_text())["notes"]
+    caveat = notes[ours["notes"]]
+    assert "not comparable to the paper rows" in caveat and "CLIP random(seed=0)" in caveat
+    assert out.with_suffix(".md").read_text().count(caveat) == 1

@@ -50,6 +50,11 @@ def test_dag_writes_the_table_with_reproduced_sanity_and_paper_rows(workdir):
     for name in ("checkpoint.pt", "predictions_val.json", "predictions_test.json", "metrics.json", "run.json"):
         assert (workdir / "results/clevr_change/duda/seed0" / name).is_file()
     assert (workdir / "logs/benchmarks/clevr_change/duda/seed0/train.tsv").is_file()
+    # learning curves are part of the table's target, and the Markdown links them
+    for f in ("duda.png", "idc_pcl.png", "clip4idc.png", "clevr_change_val_cider.png"):
+        assert (workdir / "results/clevr_change/plots" / f).stat().st_size > 0
+    assert "(../clevr_change/plots/duda.png)" in (workdir / "results/tables/clevr_change.md").read_text()
+    assert (workdir / "results/tables/clevr_change.meta.json").is_file()
     # finished runs keep their selected checkpoint, not the (large) state for resuming an interruption
     assert (workdir / "results/clevr_change/clip4idc_adapt/seed0/checkpoint.pt").is_file()
     assert not list((workdir / "results").rglob("resume.pt"))
@@ -66,7 +71,7 @@ def test_changing_a_duda_hyperparameter_reruns_only_training_and_after(workdir, 
     changed = tmp_path / "changed.yaml"
     changed.write_text(yaml.safe_dump(cfg))  # sorts the keys too: reordering alone must not re-run anything
     p = smk(workdir, TABLE, "--dry-run", config=changed)
-    assert planned_rules(p) == {"train", "decode_test", "evaluate", "table"}, p.stdout[-3000:]
+    assert planned_rules(p) == {"train", "decode_test", "evaluate", "plot_method", "plot_table", "table"}, p.stdout[-3000:]
 
 
 def test_same_seed_gives_the_identical_table(workdir):

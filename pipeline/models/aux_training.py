@@ -21,10 +21,17 @@ in two stages alternated batch by batch (even ``step``: stage 1, odd: stage 2):
    loss reaches the auxiliary network through ω. ``soft_select`` implements both forms (Eq. 10 literally in
    the tests, maps in training).
 
-L_final = (1 − γ)·L_pri + γ·L_aux (Eq. 14). L_aux is the retrieval loss of stage 1 (Eq. 6); stage 2 has no
-retrieval loss of its own in the paper (the auxiliary network learns there through ω), so its loss is
-(1 − γ)·L_pri. In both stages L_pri is the captioner's full objective, for DUDA both the changed and the
-distractor pair (in stage 2 the changed pair's "after" is B̂).
+L_final = (1 − γ)·L_pri + γ·L_aux (Eq. 14), in both stages. L_aux is Eq. 6 over S_i: in stage 1 for the
+generated caption's query, in stage 2 for the ground-truth query R (−log ω_B: Eq. 9's ω is Eq. 6's softmax).
+The paper states Eq. 14 once for the training, not per stage; without L_aux in stage 2 the auxiliary network
+would learn to read ground-truth captions only through the captioning loss, ω would stay near uniform, and
+the captioner would be taught the marginal caption on a blur of ~β scenes (review A1). In both stages L_pri
+is the captioner's full objective, for DUDA both the changed and the distractor pair.
+
+**When B̂ is fed (our choice, ``b_hat_min_omega``).** The cycle (A, C) → B̂ → Ĉ ≈ C presumes an auxiliary
+network that retrieves B; the paper makes the same argument for its curriculum (harder sets "once the model
+has learned this task"). Stage 2 feeds (A, B̂) when the batch's mean ω on B reaches ``b_hat_min_omega``,
+otherwise the true (A, B) (0 = always B̂, the paper read literally).
 
 **Candidate sets (Eq. 13).** The "random images" of sample i are other samples' targets B_j (j ≠ i), drawn
 without replacement from the batch; B_i is always in S_i. Before epoch ξ: S_i = n−1 random ∪ {B_i} (with
@@ -37,7 +44,8 @@ change that its caption ("no change") cannot describe, so (A, "no change") → d
 composed query. Distractor pairs still train the captioner through its own objective.
 
 Not specified by the paper (our choices, in config): n (default β, Eq. 6's batch), γ (default 0.5), the
-auxiliary network's sizes (TIRG's 512-d space).
+auxiliary network's sizes (TIRG's 512-d space), ``b_hat_min_omega``. ξ is the paper's fixed epoch (Eq. 13),
+to be set where L_aux on the easy set has become small (§4.2).
 """
 
 from __future__ import annotations
@@ -114,20 +122,20 @@ def candidate_sets(batch_size: int, n: int, hard: bool, generator: torch.Generat
 # What the scheme needs from a primary captioner
 # ------------------------------------------------------------------------------------------------------
 def _duda_caption(m, l_bef, l_aft, l_diff, max_len: int):
-    """Ĉ = DUDA's greedy caption (dropout off: the caption it would output), then P = the softmax at each
-    step of a teacher-forced pass along Ĉ (word t's distribution given Ĉ_<t, with gradient): given the same
-    prefix this is the free-running decoder's own P. Only the speaker's public forwards are used."""
+    """Ĉ = DUDA's greedy caption, then P = the softmax at each step of a teacher-forced pass along Ĉ (word t's
+    distribution given Ĉ_<t, with gradient). Both passes run the speaker without dropout, so Ĉ is exactly the
+    argmax of P (Eq. 3); the detector's features are the training pass's. Only public forwards are used."""
     sp = m.speaker
     was_training = sp.training
     sp.eval()
     try:
         words = sp.greedy(l_bef.detach(), l_diff.detach(), l_aft.detach(), max_len)
+        lengths = caption_lengths(words)
+        words = words[:, :int(lengths.max())]  # nothing after the last <END> is read: skip those steps
+        start = torch.full_like(words[:, :1], START)
+        logits, _ = sp(l_bef, l_diff, l_aft, torch.cat([start, words], 1))
     finally:
         sp.train(was_training)
-    lengths = caption_lengths(words)
-    words = words[:, :int(lengths.max())]  # nothing after the last <END> is read: skip those steps
-    start = torch.full_like(words[:, :1], START)
-    logits, _ = sp(l_bef, l_diff, l_aft, torch.cat([start, words], 1))
     return F.softmax(logits, 2, dtype=at_least_float32(logits)), lengths
 
 
@@ -201,7 +209,8 @@ def label_embedding_inputs(labels: torch.Tensor):
 class AuxiliaryTraining(CaptionModel):
     def __init__(self, vocab_size: int, feat_dim: int, primary: str = "duda", primary_model: dict | None = None,
                  embed_dim: int = 512, word_dim: int = 512, img_hidden: int = 256, text_dropout: float = 0.1,
-                 gamma: float = 0.5, n_candidates: int | None = None, xi: int = 30, candidates: str = "curriculum"):
+                 gamma: float = 0.5, n_candidates: int | None = None, xi: int = 30, candidates: str = "curriculum",
+                 b_hat_min_omega: float = 0.0):
         super().__init__()
         from pipeline.models import REGISTRY, build_model
 
@@ -211,9 +220,12 @@ class AuxiliaryTraining(CaptionModel):
             raise PipelineError(f"model.candidates: {candidates!r}, expected one of {CANDIDATE_MODES}")
         if not 0.0 <= gamma <= 1.0:
             raise PipelineError(f"model.gamma: {gamma} outside [0, 1]")
+        if not 0.0 <= b_hat_min_omega <= 1.0:
+            raise PipelineError(f"model.b_hat_min_omega: {b_hat_min_omega} outside [0, 1]")
         self.primary = build_model(primary, vocab_size, feat_dim, dict(primary_model or {}))
         self.aux = TIRG(vocab_size, feat_dim, embed_dim, word_dim, img_hidden, text_dropout)
         self.gamma, self.n_candidates, self.xi, self.mode = gamma, n_candidates, xi, candidates
+        self.b_hat_min_omega = b_hat_min_omega
 
     # -- schedule ------------------------------------------------------------------------------------
     def hard_set(self, epoch: int) -> bool:
@@ -232,12 +244,9 @@ class AuxiliaryTraining(CaptionModel):
     def training_loss(self, batch):
         step, epoch = int(batch["step"]), int(batch["epoch"])
         hard = self.hard_set(epoch)
-        if step % 2 == 0:
-            loss_pri, aux, parts = self.primary_to_auxiliary(batch, epoch)
-            loss = (1 - self.gamma) * loss_pri + self.gamma * aux
-        else:
-            loss_pri, parts = self.auxiliary_to_primary(batch, epoch)
-            loss = (1 - self.gamma) * loss_pri
+        stage = self.primary_to_auxiliary if step % 2 == 0 else self.auxiliary_to_primary
+        loss_pri, aux, parts = stage(batch, epoch)
+        loss = (1 - self.gamma) * loss_pri + self.gamma * aux  # Eq. 14
         return loss, {"stage": 1 + step % 2, "hard_set": int(hard), "l_pri": loss_pri.item(), **parts}
 
     def primary_to_auxiliary(self, batch, epoch: int):
@@ -260,11 +269,15 @@ class AuxiliaryTraining(CaptionModel):
         r = self.aux.compose(phi[:beta], self.aux.text.embed_tokens(words), lengths)  # Eq. 7
         sets = self.sets_for(beta, epoch, a.device)
         logits = candidate_logits(r, self.aux.candidates(phi), sets)  # Eq. 8-9
+        l_aux = F.cross_entropy(logits, torch.zeros(beta, dtype=torch.long, device=a.device))  # −log ω_B
         omega = F.softmax(logits, 1)
-        b_hat = soft_select(omega, sets, a, b_img)  # Eq. 10 on feature maps (module docstring)
-        loss_pri, parts = self.primary.training_loss({**batch, "sc": b_hat.to(b_img.dtype)})  # Eq. 11
+        omega_b = omega[:, 0].mean().item()
+        feed = omega_b >= self.b_hat_min_omega
+        after = soft_select(omega, sets, a, b_img).to(b_img.dtype) if feed else b_img  # Eq. 10 on feature maps
+        loss_pri, parts = self.primary.training_loss({**batch, "sc": after})  # Eq. 11
         acc = (logits[:, :1] > logits[:, 1:]).all(1).float().mean()
-        return loss_pri, {**parts, "omega_b": omega[:, 0].mean().item(), "aux_r1_gt": acc.item()}
+        return loss_pri, l_aux, {**parts, "l_aux": l_aux.item(), "omega_b": omega_b, "b_hat_fed": int(feed),
+                                 "aux_r1_gt": acc.item()}
 
     # -- inference -----------------------------------------------------------------------------------
     @torch.no_grad()

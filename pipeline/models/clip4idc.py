@@ -41,6 +41,13 @@ the OpenAI layout (a plain state dict or OpenAI's TorchScript archive). The Open
 key onto the ``transformers`` CLIP modules (:func:`openai_key_map`); a missing, unexpected or misshapen key is
 an error, never skipped.
 
+Size (``clip``: :class:`ClipShape` overrides). The default shape is ViT-B/32, the paper's, and the only one
+``weights: openai`` loads. The embedded CPU default (``config/config.yaml``) overrides it with a small CLIP
+trained from scratch (ViT width 128, 6 layers, 32-px patches on the 224-px pixel cache, 3-layer text encoder,
+embed 128) and a 128-wide captioner: a randomly initialised ViT-B/32 cannot learn in a CPU budget (issue 12).
+Every component stays: the adaptation, the intra/inter split with the joint positions, CLIP-FT's all-intra
+encoder; the Table 7 sweep ranges over the small ViT's layers.
+
 Text tokens for the adaptation (``text_tokens``): ``words`` uses the pipeline's word vocabulary (its own,
 randomly initialised token embedding; only valid with ``weights: random``); ``clip_bpe`` uses CLIP's byte-pair
 encoding (:class:`ClipBPE`, needs ``bpe_simple_vocab_16e6.txt.gz``, which ships with the ``open_clip_torch``
@@ -76,7 +83,8 @@ CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 # ------------------------------------------------------------------------------------------ shapes
 @dataclass(frozen=True)
 class ClipShape:
-    """CLIP's architecture; the default is ViT-B/32 (appendix B). Tests use smaller ones."""
+    """CLIP's architecture; the default is ViT-B/32 (appendix B). The embedded CPU config and the tests use
+    smaller ones, trained from scratch (OpenAI weights exist only for ViT-B/32)."""
 
     vision_width: int = 768
     vision_layers: int = 12

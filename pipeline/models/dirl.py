@@ -5,7 +5,8 @@ Vanilla Transformer (``transformer``): the CNN grids are embedded (1×1 conv + l
 are removed to leave per-image difference features (Eq. 6), fused by ReLU(W[d_bef; d_aft] + b) (Eq. 7) and
 captioned by the shared transformer decoder (Eqs. 8-11).
 
-DIRL (``dirl`` = Transformer + DIRL, §3.2): a shared two-layer MLP (ReLU, dropout between, as released)
+DIRL (``dirl`` = Transformer + DIRL, §3.2): a shared two-layer MLP (ReLU; no dropout, as Eq. 2: the released
+code's dropout there draws different masks for the before and after tokens, a correlation deficit no training removes)
 projects every position's token of both images; the channel correlation matrix C between the before and
 after projections, computed over all tokens of the batch (Eq. 3), is pushed to the identity:
 L_dirl = Σ_i (1 − C_ii)² + α Σ_{i≠j} C_ij² (Eq. 4, α = 0.003 as released). The MLP is a projection head:
@@ -28,7 +29,12 @@ Where the official code departs from the paper we follow the paper:
   connection, which adds the word features themselves to the "visual" side;
 - Eq. (3)'s correlation is computed on batch-centred projections, as in Barlow Twins [48] which Eq. (3)
   reproduces and as the official code does (it z-scores with the n−1 standard deviation and divides by n);
-- the input is the 1024-channel grid without the two coordinate channels the official code appends.
+- the input is the 1024-channel grid without the two coordinate channels the official code appends;
+- Eqs. 5-6: the shared features are the last cross-attention's output and the difference is F − MHCA(F, F', F');
+  the official code subtracts the layer's output LN(F + MHCA(F, F', F')), whose residual cancels F itself at
+  initialisation (the tokens are near unit scale), so its difference starts with no direct view of either image
+  and, measured here, never leaves the language prior in a CPU budget (1.5k steps); with Eq. 6 as written the
+  fused difference sees both images from the first step.
 
 Dropout sits where the official code has it, at its rates; on a CPU its masks come from 16 random bits per
 element instead of ``bernoulli_`` (``pipeline.models.dropout``).
@@ -79,12 +85,12 @@ class Transformer(CaptionModel):
                  grid: int = 14, dropout: float = 0.1, mlp_dim: int = 2048, word_dim: int = 300,
                  decoder_heads: int = 8, decoder_layers: int = 2, decoder_ffn_dim: int = 2048,
                  decoder_activation: str = "relu", dirl_weight: float = 0.5, offdiag_weight: float = 0.003,
-                 ccr_weight: float = 0.3, temperature: float = 0.5):
+                 ccr_weight: float = 0.3, temperature: float = 0.5, pool: int | None = None, match_init: bool = False):
         super().__init__()
-        self.embed = GridEmbedding(feat_dim, dim, grid)
-        self.mlp = (nn.Sequential(nn.Linear(dim, mlp_dim), nn.ReLU(), Dropout(dropout), nn.Linear(mlp_dim, dim))
+        self.embed = GridEmbedding(feat_dim, dim, grid, pool)
+        self.mlp = (nn.Sequential(nn.Linear(dim, mlp_dim), nn.ReLU(), nn.Linear(mlp_dim, dim))
                     if self.decorrelation else None)
-        self.layers = nn.ModuleList(CrossViewLayer(dim, heads, dropout, out_dropout=dropout) for _ in range(layers))
+        self.layers = nn.ModuleList(CrossViewLayer(dim, heads, dropout, out_dropout=dropout, match_init=match_init) for _ in range(layers))
         self.fuse = nn.Sequential(nn.Linear(2 * dim, dim), Dropout(dropout), nn.ReLU())
         self.decoder = TransformerDecoder(vocab_size, dim, word_dim, decoder_heads, decoder_layers, decoder_ffn_dim,
                                           dropout, decoder_activation)
@@ -93,10 +99,11 @@ class Transformer(CaptionModel):
 
     def encode(self, bef: torch.Tensor, aft: torch.Tensor) -> torch.Tensor:
         """Embedded tokens [B, N, D] of both images -> fused difference features [B, N, D]."""
-        sb, sa = bef, aft
-        for layer in self.layers:
-            sb, sa = layer(sb, sa)
-        return self.fuse(torch.cat([bef - sb, aft - sa], -1))
+        xb, xa = bef, aft
+        for layer in self.layers[:-1]:  # earlier layers refine both images (residual + LayerNorm)
+            xb, xa = layer(xb, xa)
+        sb, sa = self.layers[-1].shared(xb, xa)  # Eq. 5: the shared features are the attention output
+        return self.fuse(torch.cat([bef - sb, aft - sa], -1))  # Eq. 6
 
     def training_loss(self, batch):
         before, sc, nsc = batch["before"], batch["sc"], batch["nsc"]

@@ -26,16 +26,27 @@ Pre-training (§2.2; bidirectional attention, caption padding masked), one task 
   scored by an NCE (eq. 8): cosine / τ against the cell's original feature (positive) and the original
   features of the unmasked cells of the masked images of the batch (negatives). The official code uses the
   *predicted* features at unmasked cells as negatives; the paper's "unmasked image features" is followed.
-- FDA: the global visual representation mean([IMG1], [IMG2]) and the textual one [CLS] from the output,
-  cosine / τ over the positive caption and its constructed negatives (``pipeline.negatives``), cross-entropy
-  with the positive as target (eq. 9). The image difference encoder runs once per pair (as the official
-  code), its output repeated for the pair's 1 + K captions.
+  Many such negatives are near-duplicates of the positive (background cells), and τ = 1 bounds the logits
+  to [-1, 1]: a weak but unbiased signal, kept as the paper defines it.
+- FDA: the global visual representation mean([IMG1], [IMG2]) and the textual one [CLS] from the output of
+  the same (pair, caption) pass, cosine / τ for the positive caption and each constructed negative
+  (``pipeline.negatives``), cross-entropy with the positive as target (eq. 9). Each caption is scored against
+  the visual vector of its own pass, as the official formulation: with bidirectional attention the positive
+  pass's visual vector has read the positive caption, so scoring every candidate against it would let text
+  match text without the images. The image difference encoder runs once per pair (as the official code),
+  its output repeated for the pair's 1 + K captions.
 
 Fine-tuning (§2.3, §3.1): UniLM-style sequence-to-sequence mask: visual tokens attend to visual tokens,
-caption tokens to all visual tokens and causally to the caption. Caption tokens are masked as in MLM and
-predicted under that mask; the distractor-judging classifier on [IMG1; IMG2] (changed = 1, distractor = 0)
-is added unweighted (``distractor_judging=False``: Table 4, line 6). Each batch holds a changed and a
-distractor pair per index; the before image is encoded once for both.
+caption tokens to all visual tokens and causally to the caption. ``ft_targets="masked"`` (the default, the
+official Oscar-style recipe): caption tokens are masked as in MLM (``ft_mask_prob`` 15 %) and predicted under
+that mask, so a caption of ~6 tokens supervises ~1 word per pass. ``ft_targets="every"`` (a deviation, used
+by the CPU-sized embedded default): the true caption plus one [MASK] query per word at that word's position,
+each query seeing the visual tokens, the true words before it and itself: every word is a target, under
+exactly the input inference gives it. The paper says only that the MLM task is "adapted" with the
+uni-directional mask and that inference predicts at a [MASK] after the words so far; both modes are that.
+The distractor-judging classifier on [IMG1; IMG2] (changed = 1, distractor = 0) is added unweighted
+(``distractor_judging=False``: Table 4, line 6). Each batch holds a changed and a distractor pair per
+index; the before image is encoded once for both.
 Inference: [CLS] [BOS] w1 … w_{t-1} [MASK], the word predicted at [MASK] is taken (greedy). Visual states and
 the caption tokens' keys/values are cached: caption tokens only ever attend backwards, so each step runs
 only the newest word and the [MASK] through the cross-modal layers, with the same result as re-running all.
@@ -208,9 +219,9 @@ def mvcl_nce(pred: torch.Tensor, target: torch.Tensor, negatives: torch.Tensor, 
 
 
 def fda_loss(visual: torch.Tensor, text: torch.Tensor, tau: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eq. 9: ``visual`` [P, d], ``text`` [P, 1+K, d] (positive first) → cross-entropy over cos/τ, and the
-    fraction of pairs whose positive scores highest."""
-    sim = F.cosine_similarity(visual.float().unsqueeze(1), text.float(), dim=-1) / tau  # [P, 1+K]
+    """Eq. 9: ``visual`` and ``text`` [P, 1+K, d] (positive first), each caption's visual vector from its own
+    pass → cross-entropy over cos/τ, and the fraction of pairs whose positive scores highest."""
+    sim = F.cosine_similarity(visual.float(), text.float(), dim=-1) / tau  # [P, 1+K]
     target = torch.zeros(sim.size(0), dtype=torch.long, device=sim.device)
     return F.cross_entropy(sim, target), (sim.argmax(1) == 0).float().mean()
 
@@ -224,14 +235,16 @@ class IDCPCL(CaptionModel):
                  layers: int = 3, single_layers: int = 1, pair_layers: int = 1, dropout: float = 0.2,
                  difference_encoder: bool = True, distractor_judging: bool = True, mlm_prob: float = 0.15,
                  mvcl_prob: float = 0.15, nce_temp: float = 1.0, fda_temp: float = 1.0, ft_mask_prob: float = 0.15,
-                 max_positions: int = 512):
+                 ft_targets: str = "masked", max_positions: int = 512):
         super().__init__()
         d = hidden
         self.vocab_size = vocab_size
         self.mask_id, self.cls_id = vocab_size, vocab_size + 1  # extra input-only tokens
         self.difference_encoder, self.distractor_judging = difference_encoder, distractor_judging
         self.mlm_prob, self.mvcl_prob, self.nce_temp, self.fda_temp = mlm_prob, mvcl_prob, nce_temp, fda_temp
-        self.ft_mask_prob = ft_mask_prob
+        if ft_targets not in ("masked", "every"):
+            raise ValueError(f"ft_targets must be 'masked' or 'every', not {ft_targets!r}")
+        self.ft_mask_prob, self.ft_targets = ft_mask_prob, ft_targets
         self.prune_last = True  # the last cross-modal layer computes only the positions a loss reads
         self.p, self.d = dropout, d
         self.word = nn.Embedding(vocab_size + 2, d)
@@ -363,8 +376,8 @@ class IDCPCL(CaptionModel):
         need = torch.zeros(p * k1, v.size(1) + t_in.size(1), dtype=torch.bool, device=v.device)
         need[:, [0, v.size(1) // 2, v.size(1)]] = True  # [IMG1], [IMG2], [CLS]
         out, _ = self.cross_select(v, self.embed_text(t_in), self.padding_mask(v.size(1), t_in), need)
-        vis = 0.5 * (out[:, 0] + out[:, 1])
-        loss, acc = fda_loss(vis.view(p, k1, -1)[:, 0], out[:, 2].view(p, k1, -1), self.fda_temp)
+        vis = 0.5 * (out[:, 0] + out[:, 1])  # each caption against the visual vector of its own pass
+        loss, acc = fda_loss(vis.view(p, k1, -1), out[:, 2].view(p, k1, -1), self.fda_temp)
         return loss, {"fda": loss.item(), "fda_acc": acc.item()}
 
     # ------------------------------------------------------------------------------------ fine-tuning
@@ -377,12 +390,16 @@ class IDCPCL(CaptionModel):
         s_aft = self.single_image(torch.cat([sc, nsc]), 1)
         v = self.pair_images(torch.cat([s_bef, s_bef]), s_aft)
         labels = self.trim(torch.cat([batch["pos_labels"], batch["neg_labels"]]).long())
-        inp, tgt, masked = mask_tokens(labels, self.ft_mask_prob, self.vocab_size, self.mask_id)
-        t_in = self.text_input(inp)
         nv = v.size(1)
-        need = F.pad(masked, (nv + 1, 0))
+        if self.ft_targets == "every":
+            t, tgt, masked, mask = self.every_word_input(labels, nv)
+        else:
+            inp, tgt, masked = mask_tokens(labels, self.ft_mask_prob, self.vocab_size, self.mask_id)
+            t_in = self.text_input(inp)
+            t, mask = self.embed_text(t_in), self.seq2seq_mask(nv, t_in.size(1), v.device)
+        need = F.pad(masked, (nv + t.size(1) - masked.size(1), 0))
         need[:, [0, nv // 2]] = True  # [IMG1], [IMG2]: always the first two needed positions
-        out, valid = self.cross_select(v, self.embed_text(t_in), self.seq2seq_mask(nv, t_in.size(1), v.device), need)
+        out, valid = self.cross_select(v, t, mask, need)
         logits = self.word_logits(out[:, 2:][valid[:, 2:]])
         ce = F.cross_entropy(logits.float(), tgt[masked])
         parts = {"mlm": ce.item()}
@@ -394,6 +411,25 @@ class IDCPCL(CaptionModel):
             loss = loss + dj
             parts.update(dj=dj.item(), dj_acc=(judged.argmax(1) == target).float().mean().item())
         return loss, parts
+
+    def every_word_input(self, labels: torch.Tensor, nv: int):
+        """Fine-tuning input in which every word is a target under the inference condition: the true caption
+        [CLS] <START> w1 … (causal, as in ``seq2seq_mask``), then one [MASK] query per word at that word's
+        position, seeing the visual tokens, the true words before it and itself (exactly what ``greedy``
+        feeds). Returns (embedded text [B, T + Q, d], targets [B, Q] (-100 at padding), target mask [B, Q],
+        attention mask [Nv + T + Q]²)."""
+        t_in = self.text_input(labels)  # [B, T]: [CLS] <START> w1 … <END> pad
+        tgt = labels[:, 1:]  # query q predicts the word at text position q + 2
+        n_t, n_q = t_in.size(1), tgt.size(1)
+        t = torch.cat([self.embed_text(t_in), self.embed_text(torch.full_like(tgt, self.mask_id), start=2)], 1)
+        dev = labels.device
+        m = torch.zeros(nv + n_t + n_q, nv + n_t + n_q, dtype=torch.bool, device=dev)
+        m[:, :nv] = True
+        m[nv:nv + n_t, nv:nv + n_t] = torch.ones(n_t, n_t, dtype=torch.bool, device=dev).tril()
+        m[nv + n_t:, nv:nv + n_t] = torch.ones(n_q, n_t, dtype=torch.bool, device=dev).tril(1)
+        m[nv + n_t:, nv + n_t:] = torch.eye(n_q, dtype=torch.bool, device=dev)
+        masked = tgt > 0
+        return t, tgt.masked_fill(~masked, -100), masked, m
 
     def init_from(self, state: dict) -> list[str]:
         """Start from a pre-training checkpoint of the same architecture: every tensor but the fine-tuning

@@ -1,0 +1,98 @@
+"""Learning-curve figures: which log records are read, and that both figures are written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline import plots
+from pipeline.__main__ import main
+from pipeline.utils.io import write_json
+
+
+def _log(path: Path, records: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+
+
+def _rec(step, loss, score, **parts):
+    return {"step": step, "loss": loss, **parts, "train_steps": 5, "lr": 1e-3, "val_score": score, "elapsed_s": step}
+
+
+def _captioning_run(root: Path, method="duda", seed=0, selected=10) -> Path:
+    d = root / method / f"seed{seed}"
+    write_json(d / "run.json", {"method": method, "kind": "reproduced", "seed": seed, "selected_step": selected,
+                                "config": {"train": {"iterations": 15}}})
+    _log(d / "train_log.jsonl", [
+        {"event": "started", "step": 0},
+        _rec(5, 3.0, 0.2, ce_pos=2.0, hard_set=0.0), _rec(10, 2.0, 0.5, ce_pos=1.5, hard_set=1.0),
+        _rec(15, 1.5, 0.4, ce_pos=1.0, hard_set=1.0),
+    ])
+    return d
+
+
+def test_read_log_keeps_the_last_run_and_splices_resumed_sessions(tmp_path):
+    log = tmp_path / "train_log.jsonl"
+    _log(log, [{"event": "started"}, _rec(5, 9.0, 0.9), _rec(10, 9.0, 0.9)])  # an older configuration's run
+    _log(log, [{"event": "started", "step": 0}, _rec(5, 3.0, 0.1), _rec(10, 2.0, 0.2)])
+    _log(log, [{"event": "resumed", "step": 5}, _rec(10, 2.5, 0.3), _rec(15, 1.0, 0.4)])  # interrupted at 5..10
+    recs = plots.read_log(log)
+    assert [(r["step"], r["loss"]) for r in recs] == [(5, 3.0), (10, 2.5), (15, 1.0)]
+
+
+def test_pretraining_validation_records_merge_into_their_step(tmp_path):
+    d = tmp_path / "idc_pcl_pretrain" / "seed0"
+    write_json(d / "pretrain.json", {"name": "idc_pcl_pretrain", "steps": 8, "config": {"train": {"iterations": 8}}})
+    _log(d / "train_log.jsonl", [
+        {"event": "started", "step": 0},
+        {"validation": 1, "val_mlm": 4.0, "val_mlm_acc": 0.1}, _rec(4, 5.0, 1.0, mlm=5.0, mlm_acc=0.05),
+        {"validation": 2, "val_mlm": 3.0, "val_mlm_acc": 0.2}, _rec(8, 4.0, 2.0, mlm=4.0, mlm_acc=0.1),
+    ])
+    run = plots.load_run(d)
+    assert run.stage == "pre-training" and run.selected_step == 8  # no selection: the last step is kept
+    assert [r["val_mlm"] for r in run.records] == [4.0, 3.0]
+    assert plots.loss_keys(run.records) == ["loss", "mlm"]
+    assert plots.diagnostic_keys(run.records) == ["mlm_acc"]
+    assert plots.validation_keys(run.records) == ["val_mlm", "val_mlm_acc"]
+
+
+def test_method_and_table_figures_are_written(tmp_path, monkeypatch):
+    first = tmp_path / "idc_pcl_pretrain" / "seed0"
+    write_json(first / "pretrain.json", {"name": "idc_pcl_pretrain", "steps": 4})
+    _log(first / "train_log.jsonl", [{"validation": 1, "val_mlm": 4.0}, _rec(4, 5.0, 1.0, mlm=5.0)])
+    run = _captioning_run(tmp_path, "idc_pcl")
+    other = _captioning_run(tmp_path, "duda", selected=15)
+    out = tmp_path / "plots"
+    assert main(["plots", "--method", "idc_pcl", "--runs", str(run), "--first-stage", str(first),
+                 "--out", str(out / "idc_pcl.png")]) == 0
+    assert (out / "idc_pcl.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    sanity = tmp_path / "most_frequent" / "seed0"
+    write_json(sanity / "run.json", {"method": "most_frequent", "kind": "sanity", "seed": 0})
+    write_json(sanity / "predictions_val.json", [{"image_id": "a", "caption": "no change"}])
+    manifest = tmp_path / "manifest.jsonl"
+    manifest.write_text(json.dumps({"pair_id": "a", "split": "val", "captions": ["no change"]}) + "\n")
+    seen = {}
+
+    def fake_score(refs, preds, metrics=None):  # the scorer itself is tested in test_evaluate.py
+        seen.update(refs=refs, preds=preds, metrics=metrics)
+        return {"CIDEr": 0.7}
+
+    monkeypatch.setattr("pipeline.evaluate.score", fake_score)
+    assert plots.sanity_val_cider([sanity], manifest) == {"most_frequent": pytest.approx(70.0)}
+    assert seen == {"refs": {"a": ["no change"]}, "preds": {"a": "no change"}, "metrics": ("CIDEr",)}
+    assert main(["plots", "--table", "clevr_change", "--runs", str(run), str(other), "--sanity", str(sanity),
+                 "--manifest", str(manifest), "--out", str(out / "clevr_change_val_cider.png")]) == 0
+    assert (out / "clevr_change_val_cider.png").stat().st_size > 1000
+    assert not list(out.glob(".*tmp"))  # atomic: no temporary left behind
+
+
+def test_a_run_without_a_log_is_drawn_not_fatal(tmp_path):
+    d = tmp_path / "duda" / "seed0"
+    write_json(d / "run.json", {"method": "duda", "kind": "reproduced", "seed": 0, "selected_step": 5})
+    assert main(["plots", "--method", "duda", "--runs", str(d), "--out", str(tmp_path / "duda.png")]) == 0
+    assert plots.load_run(d).records == []
