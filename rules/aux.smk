@@ -17,9 +17,9 @@ rule aux_retrieval:
         "results/{dataset}/{method}/seed{seed}/retrieval_test.json",
     wildcard_constraints:
         method="|".join(AUX_METHODS) if AUX_METHODS else "(?!x)x",
-    threads: workflow.cores
+    threads: 1
     resources:
-        gpu=1,
+        gpu=GPU_TOKEN,
     log:
         "logs/{dataset}/{method}/seed{seed}/aux_retrieval.log",
     shell:

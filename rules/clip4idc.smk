@@ -89,9 +89,9 @@ rule clip4idc_adapt:
         adapt=_alternatives(CLIP4IDC_ADAPT),
     params:
         hp=lambda w: as_json(config["pretraining"][w.adapt]),
-    threads: workflow.cores
+    threads: 1
     resources:
-        gpu=1,
+        gpu=GPU_TOKEN,
         mem_mb=12000,
     log:
         "logs/{dataset}/{adapt}/seed{seed}/adapt.log",

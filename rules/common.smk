@@ -1,4 +1,5 @@
 import json
+import shutil
 
 from pipeline.config import validate as validate_config
 from pipeline.errors import PipelineError
@@ -9,6 +10,12 @@ except PipelineError as e:
     raise WorkflowError(str(e)) from None
 
 TRAINED = sorted(config["methods"])
+
+# GPU rules take a `gpu` token only where a GPU is (profiles/default holds one: two such rules never share a
+# card). On a CPU-only machine they take none, and the training jobs, one thread each (`threads: 1`; raise
+# with `--set-threads train=N`), run side by side: small CPU-sized models use two cores better as two jobs
+# than as two threads of one job.
+GPU_TOKEN = 1 if shutil.which("nvidia-smi") else 0
 SANITY = ["most_frequent", "nearest_neighbour"]
 
 

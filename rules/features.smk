@@ -10,7 +10,7 @@ rule extract_features:
         cfg=lambda w: sorted_cfg(config["features"][w.backbone]),
     threads: workflow.cores
     resources:
-        gpu=1,
+        gpu=GPU_TOKEN,
         mem_mb=8000,
     log:
         "logs/{dataset}/features_{backbone}.log",

@@ -46,9 +46,9 @@ rule pretrain_idc_pcl:
     params:
         hp=lambda w: as_json(idc_pcl_pretrain_cfg(w.name)),
         negatives=lambda w, input: f"--negatives {input.negatives}" if input.negatives else "",
-    threads: workflow.cores
+    threads: 1
     resources:
-        gpu=1,
+        gpu=GPU_TOKEN,
         mem_mb=8000,
     log:
         "logs/{dataset}/{name}/seed{seed}/pretrain.log",

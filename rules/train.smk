@@ -15,9 +15,9 @@ rule train:
     params:
         hp=lambda w: as_json(config["methods"][w.method]),
         init=lambda w, input: f"--init {input.init}" if input.init else "",
-    threads: workflow.cores
+    threads: 1
     resources:
-        gpu=1,
+        gpu=GPU_TOKEN,
         mem_mb=8000,
     log:
         "logs/{dataset}/{method}/seed{seed}/train.log",
@@ -41,9 +41,9 @@ rule decode_test:
         "results/{dataset}/{method}/seed{seed}/predictions_test.json",
     wildcard_constraints:
         method="|".join(TRAINED),
-    threads: workflow.cores
+    threads: 1
     resources:
-        gpu=1,
+        gpu=GPU_TOKEN,
     log:
         "logs/{dataset}/{method}/seed{seed}/decode.log",
     shell:

@@ -115,10 +115,11 @@ def test_mlp_is_trained_only_by_the_decorrelation_loss():
 def test_difference_features_remove_the_shared_features():
     m = make("transformer").eval()
     bef, aft = torch.randn(2, 12, 16), torch.randn(2, 12, 16)
-    sb, sa = bef, aft
-    for layer in m.layers:
-        sb, sa = layer(sb, sa)
-    assert torch.allclose(m.encode(bef, aft), m.fuse(torch.cat([bef - sb, aft - sa], -1)))
+    xb, xa = bef, aft
+    for layer in m.layers[:-1]:
+        xb, xa = layer(xb, xa)
+    sb, sa = m.layers[-1].shared(xb, xa)  # Eq. 5: the last layer's cross-attention outputs
+    assert torch.allclose(m.encode(bef, aft), m.fuse(torch.cat([bef - sb, aft - sa], -1)))  # Eq. 6
 
 
 def test_same_seed_same_training_and_decoding():

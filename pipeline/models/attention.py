@@ -6,9 +6,8 @@
   CPU, where the probabilities are materialised so that the cheap 16-bit dropout mask of
   ``pipeline.models.dropout`` replaces the slow ``bernoulli_`` one that SDPA would draw.
 - ``GridEmbedding``: Eq. (1) of both papers: a 1×1 convolution of the CNN grid to ``dim`` channels plus a
-  learned position embedding (row and column tables of ``dim/2`` each, concatenated, as in the official code),
-  initialised with xavier like the official code's weight matrices (a N(0, 1) table would outweigh the
-  content, and attention would match positions rather than objects). ``pool`` average-pools the grid first
+  learned position embedding (row and column tables of ``dim/2`` each, concatenated, as in the official code;
+  N(0, 1) as ``nn.Embedding`` starts, where the official code's xavier starts smaller). ``pool`` average-pools the grid first
   (e.g. 14×14 -> 7×7: 1/4 of the tokens, 1/16 of the attention and token-matching cost), a CPU-sized
   reduction that the table row states.
 - ``CrossViewLayer``: one layer of cross-view attention between the two images of a pair: the before tokens
@@ -71,7 +70,7 @@ def _part(bias, lo, hi):
 class GridEmbedding(nn.Module):
     """CNN grid [B, C, H, W] -> tokens [B, H*W, dim]: 1×1 conv (a per-location linear map) + learned positions."""
 
-    def __init__(self, feat_dim: int, dim: int, grid: int = 14, pool: int | None = None, pos_init: str = "normal"):
+    def __init__(self, feat_dim: int, dim: int, grid: int = 14, pool: int | None = None):
         super().__init__()
         if dim % 2:
             raise ValueError(f"embedding dim {dim} must be even (row and column halves)")
@@ -80,9 +79,6 @@ class GridEmbedding(nn.Module):
         self.proj = nn.Linear(feat_dim, dim)
         self.col_embed = nn.Embedding(self.grid, dim // 2)
         self.row_embed = nn.Embedding(self.grid, dim // 2)
-        if pos_init == "xavier":
-            nn.init.xavier_uniform_(self.col_embed.weight)
-            nn.init.xavier_uniform_(self.row_embed.weight)
 
     def positions(self, h: int, w: int) -> torch.Tensor:
         if h > self.grid or w > self.grid:
@@ -106,16 +102,12 @@ class CrossViewLayer(nn.Module):
     attention output before the residual (DIRL: 0.1; SCORER's official layer has none).
     """
 
-    def __init__(self, dim: int, heads: int, dropout: float = 0.1, out_dropout: float = 0.0, match_init: bool = False):
+    def __init__(self, dim: int, heads: int, dropout: float = 0.1, out_dropout: float = 0.0, norm: bool = True):
         super().__init__()
         self.attn = MultiHeadAttention(dim, heads, dropout)
-        self.norm = nn.LayerNorm(dim)
+        # A layer used only through ``shared`` (DIRL's last) has no residual and so no LayerNorm.
+        self.norm = nn.LayerNorm(dim) if norm else None
         self.drop = Dropout(out_dropout)
-        if match_init:
-            # W_k = W_q at initialisation: q·k is then a similarity of the two tokens, so each token first
-            # attends to its counterpart in the other image (same object, same place) instead of at random.
-            with torch.no_grad():
-                self.attn.in_proj.weight[dim:2 * dim].copy_(self.attn.in_proj.weight[:dim])
 
     def shared(self, bef: torch.Tensor, aft: torch.Tensor):
         """The cross-attention outputs alone, MHCA(bef, aft, aft) and MHCA(aft, bef, bef) (DIRL Eq. 5),

@@ -85,12 +85,13 @@ class Transformer(CaptionModel):
                  grid: int = 14, dropout: float = 0.1, mlp_dim: int = 2048, word_dim: int = 300,
                  decoder_heads: int = 8, decoder_layers: int = 2, decoder_ffn_dim: int = 2048,
                  decoder_activation: str = "relu", dirl_weight: float = 0.5, offdiag_weight: float = 0.003,
-                 ccr_weight: float = 0.3, temperature: float = 0.5, pool: int | None = None, match_init: bool = False):
+                 ccr_weight: float = 0.3, temperature: float = 0.5, pool: int | None = None):
         super().__init__()
         self.embed = GridEmbedding(feat_dim, dim, grid, pool)
         self.mlp = (nn.Sequential(nn.Linear(dim, mlp_dim), nn.ReLU(), nn.Linear(mlp_dim, dim))
                     if self.decorrelation else None)
-        self.layers = nn.ModuleList(CrossViewLayer(dim, heads, dropout, out_dropout=dropout, match_init=match_init) for _ in range(layers))
+        self.layers = nn.ModuleList(CrossViewLayer(dim, heads, dropout, out_dropout=dropout, norm=i < layers - 1)
+                                    for i in range(layers))
         self.fuse = nn.Sequential(nn.Linear(2 * dim, dim), Dropout(dropout), nn.ReLU())
         self.decoder = TransformerDecoder(vocab_size, dim, word_dim, decoder_heads, decoder_layers, decoder_ffn_dim,
                                           dropout, decoder_activation)

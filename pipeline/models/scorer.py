@@ -102,11 +102,11 @@ class SCORER(CaptionModel):
                  grid: int = 14, dropout: float = 0.1, word_dim: int = 300, decoder_heads: int = 8,
                  decoder_layers: int = 2, decoder_ffn_dim: int = 512, decoder_activation: str = "gelu",
                  sim_weight: float = 0.1, cbr_weight: float = 0.001, cbr_heads: int = 8,
-                 mtm_per_head: bool = True, mtm_chunk_elements: int | None = None, pool: int | None = None, match_init: bool = False):
+                 mtm_per_head: bool = True, mtm_chunk_elements: int | None = None, pool: int | None = None):
         super().__init__()
         self.embed = GridEmbedding(feat_dim, dim, grid, pool)
         if self.difference == "reconstruction":
-            self.layers = nn.ModuleList(CrossViewLayer(dim, heads, dropout, match_init=match_init) for _ in range(layers))
+            self.layers = nn.ModuleList(CrossViewLayer(dim, heads, dropout) for _ in range(layers))
             self.fuse = nn.Sequential(nn.Linear(2 * dim, dim), Dropout(dropout), nn.ReLU())
         else:
             self.layers = nn.ModuleList()
