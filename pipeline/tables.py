@@ -189,6 +189,8 @@ def _shape_parts(model: dict) -> list[str]:
         out.append(f"{shape['pool']}×{shape['pool']} grid (pooled)")
     elif isinstance(shape.get("grid"), int):
         out.append(f"{shape['grid']}×{shape['grid']} grid")
+    if shape.get("reduce") == "mean":
+        out.append("attended features averaged")
     if shape.get("freeze_encoder") is True or model.get("freeze_encoder") is True:
         out.append("frozen encoder")
     return out

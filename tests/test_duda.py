@@ -90,3 +90,27 @@ def test_training_loss_equals_the_official_formulation():
     m = tiny(l1_weight=0.01).eval()
     batch = small_batch()
     torch.testing.assert_close(m.training_loss(batch)[0], reference.training_loss(m, batch), rtol=1e-5, atol=1e-6)
+
+
+def test_pool_and_mean_reduce_are_the_stated_rescalings():
+    """pool: the detector sees the average-pooled grid; reduce=mean: the attended features (and the L1 term)
+    are the summed ones divided by the number of cells, with the same maps."""
+    torch.manual_seed(0)
+    det = ChangeDetector(dim=16 + 2, hidden=32, groups=8).eval()
+    pooled = ChangeDetector(dim=16 + 2, hidden=32, groups=8, pool=2).eval()
+    mean = ChangeDetector(dim=16 + 2, hidden=32, groups=8, reduce="mean").eval()
+    pooled.load_state_dict(det.state_dict())
+    mean.load_state_dict(det.state_dict())
+    bef, aft = torch.randn(3, 16, 4, 4), torch.randn(3, 16, 4, 4)
+    pool = torch.nn.functional.avg_pool2d
+    for g, w in zip(pooled(bef, [aft])[0], det(pool(bef, 2), [pool(aft, 2)])[0]):
+        torch.testing.assert_close(g, w)
+    summed, averaged = det(bef, [aft])[0], mean(bef, [aft])[0]
+    for g, w in zip(averaged[:3], summed[:3]):
+        torch.testing.assert_close(g, w / 16)
+    for g, w in zip(averaged[3:], summed[3:]):  # the maps themselves are unchanged
+        torch.testing.assert_close(g, w)
+    m_sum, m_mean = tiny(l1_weight=0.5).eval(), tiny(l1_weight=0.5, reduce="mean").eval()
+    m_mean.load_state_dict(m_sum.state_dict())
+    batch = small_batch()
+    assert abs(m_mean.training_loss(batch)[1]["att_l1"] - m_sum.training_loss(batch)[1]["att_l1"] / 16) < 1e-5

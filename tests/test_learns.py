@@ -49,7 +49,7 @@ N, GRID, LENGTH = len(CHANGES), 4, 10  # pairs, grid side, label length (<START>
 VOCAB = Vocab.build([c for c, _ in CHANGES] + [NO_CHANGE])
 
 # Tiny sizes per model family (everything else comes from the method's block in config/config.yaml).
-DUDA = dict(att_hidden=32, embed_dim=32, hidden=64, dropout=0.0)  # att_hidden: a multiple of GroupNorm's 32 groups
+DUDA = dict(att_hidden=32, embed_dim=32, hidden=64, dropout=0.0, pool=None)  # att_hidden: a multiple of GroupNorm's 32 groups; pool: the 4×4 grid as it is
 TRANSFORMER = dict(dim=32, heads=2, layers=1, grid=GRID, word_dim=32, decoder_heads=2, decoder_layers=1,
                    decoder_ffn_dim=64, dropout=0.0, pool=None)  # pool: the 4×4 grid as it is
 IDC_PCL = dict(hidden=32, heads=2, ff=64, layers=1, single_layers=1, pair_layers=1, dropout=0.0)
@@ -60,9 +60,9 @@ AUX = dict(primary_model=DUDA, embed_dim=32, word_dim=32, img_hidden=32, text_dr
 
 # method -> (model overrides, input kind, Adam steps, lr)
 CASES = {
-    "duda": (DUDA, "grid", 120, 3e-3),
-    "duda_aux": (AUX, "grid", 200, 3e-3),
-    "duda_aux_easy": (AUX, "grid", 200, 3e-3),
+    "duda": (DUDA, "grid", 300, 3e-3),
+    "duda_aux": (AUX, "grid", 500, 3e-3),
+    "duda_aux_easy": (AUX, "grid", 300, 3e-3),
     "idc_pcl": (IDC_PCL, "grid", 300, 1e-3),
     "idc_pcl_no_de": (IDC_PCL, "grid", 300, 1e-3),
     "idc_pcl_no_dj": (IDC_PCL, "grid", 300, 1e-3),

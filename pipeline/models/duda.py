@@ -42,9 +42,14 @@ class ChangeDetector(nn.Module):
     parameters as the official conv (``embed_conv`` keeps its [hidden, 2·(C+2), 1, 1] shape).
     """
 
-    def __init__(self, dim: int, hidden: int = 128, groups: int = 32, dropout: float = 0.5):
+    def __init__(self, dim: int, hidden: int = 128, groups: int = 32, dropout: float = 0.5, pool: int | None = None,
+                 reduce: str = "sum"):
         super().__init__()
+        if reduce not in ("sum", "mean"):
+            raise ValueError(f"reduce must be 'sum' (official) or 'mean', not {reduce!r}")
+        self.reduce = reduce
         self.dim = dim  # feature channels + 2 coordinates
+        self.pool = pool  # average-pool the grid to pool x pool first (CPU-sized runs)
         self.embed_conv = nn.Conv2d(2 * dim, hidden, 1)
         self.embed_rest = nn.Sequential(nn.GroupNorm(groups, hidden), nn.Dropout(dropout), nn.ReLU())
         self.att = nn.Conv2d(hidden, 1, 1)
@@ -54,6 +59,8 @@ class ChangeDetector(nn.Module):
 
         Pooled vectors carry C+2 dims (features, then the attention-weighted coordinates).
         """
+        if self.pool:
+            bef, afts = F.adaptive_avg_pool2d(bef, self.pool), [F.adaptive_avg_pool2d(a, self.pool) for a in afts]
         b, c, h, w = bef.shape
         n = len(afts)
         weight = self.embed_conv.weight.view(-1, 2 * self.dim)
@@ -70,6 +77,9 @@ class ChangeDetector(nn.Module):
         maps = torch.sigmoid(self.att(self.embed_rest(e))).view(2, n, b, 1, h * w)
         att_bef, att_aft = maps[0], maps[1]  # [n, B, 1, HW]
         coords_t = coords.t()
+        if self.reduce == "mean":  # the attended features divided by the number of cells
+            coords_t = coords_t / (h * w)
+            imgs = imgs / (h * w)
         outs = []
         for i in range(n):
             l_bef = torch.cat([torch.bmm(att_bef[i], imgs[0].transpose(1, 2)).squeeze(1), att_bef[i].squeeze(1) @ coords_t], 1)
@@ -159,10 +169,11 @@ class DynamicSpeaker(nn.Module):
 
 class DUDA(CaptionModel):
     def __init__(self, vocab_size: int, feat_dim: int = 1024, att_hidden: int = 128, embed_dim: int = 300,
-                 hidden: int = 512, dropout: float = 0.5, l1_weight: float = 2.5e-3, entropy_weight: float = 0.0):
+                 hidden: int = 512, dropout: float = 0.5, l1_weight: float = 2.5e-3, entropy_weight: float = 0.0,
+                 pool: int | None = None, reduce: str = "sum"):
         super().__init__()
         d = feat_dim + 2
-        self.detector = ChangeDetector(d, att_hidden, dropout=dropout)
+        self.detector = ChangeDetector(d, att_hidden, dropout=dropout, pool=pool, reduce=reduce)
         self.speaker = DynamicSpeaker(d, vocab_size, embed_dim, hidden, dropout=dropout)
         self.l1_weight = l1_weight
         self.entropy_weight = entropy_weight
@@ -178,6 +189,8 @@ class DUDA(CaptionModel):
         ce_pos = sequence_ce(logits[:b], labels[:b, 1:])
         ce_neg = sequence_ce(logits[b:], labels[b:, 1:])
         l1 = (att_bef[:b].sum((1, 2, 3)) + att_aft[:b].sum((1, 2, 3))).mean()
+        if self.detector.reduce == "mean":  # per cell, as the features: the same L1/CE balance as summing
+            l1 = l1 / att_bef[0].numel()
         mask = (labels[:, 1:] > 0).float()
         entropy = -(alphas * torch.log(alphas + 1e-12)).sum(2)
         entropy = (entropy * mask).sum() / mask.sum()
