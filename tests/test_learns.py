@@ -61,7 +61,7 @@ AUX = dict(primary_model=DUDA, embed_dim=32, word_dim=32, img_hidden=32, text_dr
 # method -> (model overrides, input kind, Adam steps, lr)
 CASES = {
     "duda": (DUDA, "grid", 300, 3e-3),
-    "duda_aux": (AUX, "grid", 500, 3e-3),
+    "duda_aux": (AUX, "grid", 700, 3e-3),
     "duda_aux_easy": (AUX, "grid", 300, 3e-3),
     "idc_pcl": (IDC_PCL, "grid", 300, 1e-3),
     "idc_pcl_no_de": (IDC_PCL, "grid", 300, 1e-3),
