@@ -77,13 +77,11 @@ class ChangeDetector(nn.Module):
         maps = torch.sigmoid(self.att(self.embed_rest(e))).view(2, n, b, 1, h * w)
         att_bef, att_aft = maps[0], maps[1]  # [n, B, 1, HW]
         coords_t = coords.t()
-        if self.reduce == "mean":  # the attended features divided by the number of cells
-            coords_t = coords_t / (h * w)
-            imgs = imgs / (h * w)
+        scale = 1.0 / (h * w) if self.reduce == "mean" else 1.0  # mean: the attended sums divided by the cell count
         outs = []
         for i in range(n):
-            l_bef = torch.cat([torch.bmm(att_bef[i], imgs[0].transpose(1, 2)).squeeze(1), att_bef[i].squeeze(1) @ coords_t], 1)
-            l_aft = torch.cat([torch.bmm(att_aft[i], imgs[i + 1].transpose(1, 2)).squeeze(1), att_aft[i].squeeze(1) @ coords_t], 1)
+            l_bef = scale * torch.cat([torch.bmm(att_bef[i], imgs[0].transpose(1, 2)).squeeze(1), att_bef[i].squeeze(1) @ coords_t], 1)
+            l_aft = scale * torch.cat([torch.bmm(att_aft[i], imgs[i + 1].transpose(1, 2)).squeeze(1), att_aft[i].squeeze(1) @ coords_t], 1)
             outs.append((l_bef, l_aft, l_aft - l_bef, att_bef[i].view(b, 1, h, w), att_aft[i].view(b, 1, h, w)))
         return outs
 
@@ -190,7 +188,7 @@ class DUDA(CaptionModel):
         ce_neg = sequence_ce(logits[b:], labels[b:, 1:])
         l1 = (att_bef[:b].sum((1, 2, 3)) + att_aft[:b].sum((1, 2, 3))).mean()
         if self.detector.reduce == "mean":  # per cell, as the features: the same L1/CE balance as summing
-            l1 = l1 / att_bef[0].numel()
+            l1 = l1 / att_bef[0, 0].numel()
         mask = (labels[:, 1:] > 0).float()
         entropy = -(alphas * torch.log(alphas + 1e-12)).sum(2)
         entropy = (entropy * mask).sum() / mask.sum()
