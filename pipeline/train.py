@@ -16,7 +16,7 @@ import torch
 
 from pipeline.data import TrainBatches, eval_batches
 from pipeline.datasets.manifest import load as load_manifest
-from pipeline.engine import TrainConfig, autocast, discard_resume_state, train
+from pipeline.engine import TrainConfig, autocast, discard_resume_state, resolved_precision, train
 from pipeline.errors import PipelineError
 from pipeline.features.store import FeatureStore
 from pipeline.models import build_model
@@ -134,6 +134,7 @@ def run(args: argparse.Namespace) -> None:
             "selected_step": summary["best_step"], "val_CIDEr": summary["best_score"],
             "selection": "greedy decoding, validation CIDEr-D", "train_seconds": round(time.time() - t0, 1),
             "steps_per_s": round(summary["steps_per_s"], 3), "device": device.type,
+            "precision": resolved_precision(device, cfg.precision),
             "config": json.loads(args.hparams), "vocab_size": len(vocab), "n_train_triplets": len(batches),
         })
     # The model file carries what decode needs to rebuild the network.

@@ -129,6 +129,14 @@ def test_precision_chooses_the_autocast():
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
     with pytest.raises(ValueError, match="precision"):
         autocast(cpu, "fp16")
+    # fast: bf16 exactly where the CPU has native bf16 products, else fp32
+    from pipeline.engine import native_bf16, resolved_precision
+
+    with autocast(cpu, "fast"):
+        want = torch.bfloat16 if native_bf16(cpu) else torch.float32
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == want
+    assert resolved_precision(cpu, "fast") == ("bf16" if native_bf16(cpu) else "fp32")
+    assert resolved_precision(cpu, "auto") == "fp32" and resolved_precision(torch.device("cuda"), "fast") == "bf16"
     _, cfg = parse_hparams('{"train": {"iterations": 1, "lr": 1e-3, "batch_size": 2, "val_every": 1, "precision": "bf16"}}')
     assert cfg.precision == "bf16"
     with pytest.raises(PipelineError, match="precision"):
