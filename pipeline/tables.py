@@ -290,7 +290,9 @@ def _group_info(g: Group, dataset: str, notes: Footnotes) -> dict[str, Any]:
     name = DATASET_NAMES.get(dataset, dataset)
     weights = "; ".join(dict.fromkeys(_short_weights(w) for w in g.weights))
     if g.kind == "reproduced":
-        configs = [summarise_config(r.get("config") or {}, first_stage_info(d, r)) for d, r in zip(g.dirs, g.runs)]
+        # bf16 only where the run says it trained so (precision `fast` resolves per machine)
+        configs = [summarise_config(r.get("config") or {}, first_stage_info(d, r)) + (", bf16" if r.get("precision") == "bf16" else "")
+                   for d, r in zip(g.dirs, g.runs)]
         config = " / ".join(dict.fromkeys(configs))
         selected = ",".join(str(r.get("selected_step")) for r in g.runs if r.get("selected_step") is not None)
     else:

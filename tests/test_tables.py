@@ -209,6 +209,8 @@ def test_new_columns_distinct_captions_and_notes_written_once(tmp_path):
              captions=["no change"] * 4),
         _run(tmp_path, "most_frequent", 0, "sanity", 0.3, captions=["no change"] * 4),
     ]
+    run_json = runs[1] / "run.json"
+    write_json(run_json, {**json.loads(run_json.read_text()), "precision": "bf16"})
     plot = tmp_path / "clevr_change" / "plots" / "duda.png"
     out = tmp_path / "tables" / "clevr_change.csv"
     assert main(["table", "--dataset", "clevr_change", "--runs", *map(str, runs), "--out", str(out),
@@ -220,6 +222,7 @@ def test_new_columns_distinct_captions_and_notes_written_once(tmp_path):
     assert pcl["distinct test captions"] == "3" and pcl["selected step"] == "80"
     assert pcl["config"] == "d=512, 1+1+3 layers, 1.2k steps, batch 32 + pre-training (idc_pcl_pretrain) 88 steps, batch 8"
     assert got[("duda", "reproduced")]["distinct test captions"] == "1"
+    assert got[("duda", "reproduced")]["config"] == "d=64, 12 steps, bf16"  # the run.json's resolved precision
     assert got[("most_frequent", "sanity")]["config"] == "" and got[("most_frequent", "sanity")]["selected step"] == ""
     assert got[("duda", "paper")]["distinct test captions"] == ""
     # the long notes are nowhere in the CSV cells; each is written once in the sidecar and once in the Markdown
