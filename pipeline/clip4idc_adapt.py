@@ -34,7 +34,7 @@ import torch
 from pipeline.data import TrainBatches
 from pipeline.datasets.clevr_change import NO_CHANGE
 from pipeline.datasets.manifest import load as load_manifest
-from pipeline.engine import autocast, discard_resume_state, save, train
+from pipeline.engine import autocast, discard_resume_state, resolved_precision, save, train
 from pipeline.errors import PipelineError
 from pipeline.features.store import FeatureStore
 from pipeline.retrieval import retrieval_metrics
@@ -209,7 +209,8 @@ def run(args: argparse.Namespace) -> None:
             "selected_step": summary["best_step"], "val_rsum": summary["best_score"],
             "selection": "validation retrieval, R@1+R@5+R@10 both directions",
             "train_seconds": round(time.time() - t0, 1), "steps_per_s": round(summary["steps_per_s"], 3),
-            "device": device.type, "config": json.loads(args.hparams), "text_tokens": mode,
+            "device": device.type, "precision": resolved_precision(device, cfg.precision),
+            "config": json.loads(args.hparams), "text_tokens": mode,
             "n_train_triplets": len(batches),
         })
     ck.update({"stage": "adapt-clip4idc", "name": args.name, "model_hparams": model_hp, "text_tokens": mode,

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from pipeline.datasets.manifest import load as load_manifest
-from pipeline.engine import discard_resume_state, train
+from pipeline.engine import discard_resume_state, resolved_precision, train
 from pipeline.errors import PipelineError
 from pipeline.features.store import FeatureStore
 from pipeline.models.idc_pcl import TASKS, IDCPCL
@@ -215,7 +215,7 @@ def run(args: argparse.Namespace) -> None:
             "fda_pairs_per_batch": getattr(train_b, "fda_pairs", None), "train_pairs": n_samples,
             "backbone": store.attrs.get("backbone"), "weights": store.attrs.get("weights"),
             "steps_per_s": round(summary["steps_per_s"], 3), "train_seconds": round(time.time() - t0, 1),
-            "device": device.type, "config": hp,
+            "device": device.type, "precision": resolved_precision(device, cfg.precision), "config": hp,
             "history": summary["history"],
         })
     discard_resume_state(run_dir)

@@ -20,7 +20,7 @@ import numpy as np
 
 from pipeline import paper_numbers as pn
 from pipeline.errors import PipelineError
-from pipeline.tables import DATASET_NAMES, Footnotes, md_footnotes, md_table, summarise_config, write_csv
+from pipeline.tables import DATASET_NAMES, Footnotes, describe_run, md_footnotes, md_table, write_csv
 from pipeline.utils.io import atomic_path, read_json
 
 # column -> (direction, key, scale)
@@ -74,7 +74,7 @@ def table_rows(groups: list[dict], dataset: str, paper_runs=(), notes: Footnotes
         if "random" in weights:
             caveats.append(f"CLIP with random-init weights ({weights})")
         row = {"method": g["run"], "kind": g["kind"], "source": f"{g['source']} {name}", "backbone": g["backbone"],
-               "config": " / ".join(dict.fromkeys(summarise_config(r.get("config") or {}) for r in g["runs"])),
+               "config": " / ".join(dict.fromkeys(describe_run(r) for r in g["runs"])),
                "selected step": ",".join(str(r["selected_step"]) for r in g["runs"] if r.get("selected_step") is not None),
                "weights": " ".join(weights.split("(")[0].split()), "seeds": ",".join(map(str, g["seeds"])),
                "n_pairs": ",".join(str(n) for n in sorted({r["n_pairs"] for r in g["results"]})),

@@ -232,6 +232,13 @@ def summarise_config(config: dict, first: tuple[str, dict] | None = None) -> str
     return text
 
 
+def describe_run(run: dict, first: tuple[str, dict] | None = None) -> str:
+    """``summarise_config`` of a run.json, plus ``bf16`` where the run trained under bf16 autocast (its recorded
+    ``precision``: ``fast`` resolves per machine, so the config alone cannot say)."""
+    text = summarise_config(run.get("config") or {}, first)
+    return text + ", bf16" if run.get("precision") == "bf16" else text
+
+
 def _distinct_captions(run_dir: str | Path) -> str:
     path = Path(run_dir) / "predictions_test.json"
     if not path.exists():
@@ -290,9 +297,7 @@ def _group_info(g: Group, dataset: str, notes: Footnotes) -> dict[str, Any]:
     name = DATASET_NAMES.get(dataset, dataset)
     weights = "; ".join(dict.fromkeys(_short_weights(w) for w in g.weights))
     if g.kind == "reproduced":
-        # bf16 only where the run says it trained so (precision `fast` resolves per machine)
-        configs = [summarise_config(r.get("config") or {}, first_stage_info(d, r)) + (", bf16" if r.get("precision") == "bf16" else "")
-                   for d, r in zip(g.dirs, g.runs)]
+        configs = [describe_run(r, first_stage_info(d, r)) for d, r in zip(g.dirs, g.runs)]
         config = " / ".join(dict.fromkeys(configs))
         selected = ",".join(str(r.get("selected_step")) for r in g.runs if r.get("selected_step") is not None)
     else:

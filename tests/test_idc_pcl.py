@@ -530,3 +530,4 @@ def test_pretrain_stage_writes_a_checkpoint_that_fine_tuning_starts_from(tmp_pat
     assert len(ft.init_from(ck["model"])) == len(ft.state_dict())
     summary = json.loads((tmp_path / "run" / "pretrain.json").read_text())
     assert summary["fda_pairs_per_batch"] == 1 and summary["cycle"].count("mlm") == 8
+    assert summary["precision"] == "fp32"  # the default `auto` on a CPU, as recorded

@@ -1,5 +1,6 @@
 """The whole DAG on the tiny `.test` configuration, as a user runs it (Snakemake CLI in a fresh folder)."""
 
+import json
 import re
 import shutil
 import subprocess
@@ -57,6 +58,15 @@ def test_dag_writes_the_table_with_reproduced_sanity_and_paper_rows(workdir):
     assert (workdir / "results/tables/clevr_change.meta.json").is_file()
     # finished runs keep their selected checkpoint, not the (large) state for resuming an interruption
     assert (workdir / "results/clevr_change/clip4idc_adapt/seed0/checkpoint.pt").is_file()
+    # every training stage records the autocast it actually used: DUDA inherits the default's `fast`, the others `auto`
+    import torch
+
+    from pipeline.engine import native_bf16
+
+    fast = "bf16" if native_bf16(torch.device("cpu")) else "fp32"
+    for run, want in (("duda/seed0/run.json", fast), ("clip4idc_adapt/seed0/run.json", "fp32"),
+                      ("idc_pcl_pretrain/seed0/pretrain.json", "fp32")):
+        assert json.loads((workdir / "results/clevr_change" / run).read_text())["precision"] == want, run
     assert not list((workdir / "results").rglob("resume.pt"))
 
 
