@@ -17,6 +17,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "synth-clevr-change": ("pipeline.synth.clevr_change", "render the synthetic CLEVR-Change world in the official layout"),
     "fetch": ("pipeline.datasets.fetch", "download (or verify a hand-placed copy of) an official dataset release"),
     "manifest": ("pipeline.datasets.manifest", "parse a dataset's on-disk layout into the normalised manifest"),
+    "inspect": ("pipeline.datasets.inspect_tree", "check a dataset tree (pairs, images, captions, types per split) as JSON"),
     "extract-features": ("pipeline.features.extract", "extract backbone features of every image to HDF5"),
     "text": ("pipeline.text", "tokenise captions, build the vocabulary, encode labels"),
     "stanza-models": ("pipeline.pos_tagging", "place stanza's English tokenize,pos models (FDA negatives' tagger)"),

@@ -10,7 +10,7 @@ from pathlib import Path
 from pipeline.errors import PipelineError
 from pipeline.utils.io import read_jsonl, write_jsonl
 
-PARSERS = {"clevr_change": "pipeline.datasets.clevr_change"}
+PARSERS = {"clevr_change": "pipeline.datasets.clevr_change", "clevr_dc": "pipeline.datasets.clevr_dc"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
