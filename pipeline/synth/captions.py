@@ -94,6 +94,8 @@ POS_LEXICON: dict[str, str] = {
     # adjectives and adverbs of the predicates
     "missing": "ADJ", "gone": "ADJ", "different": "ADJ", "identical": "ADJ", "same": "ADJ",
     "newly": "ADV", "longer": "ADV", "before": "ADV",
+    # CLEVR-DC's attribute-comparison references ("the other ... that is the same shape as ...")
+    "other": "ADJ", "size": "NOUN", "color": "NOUN", "material": "NOUN", "shape": "NOUN",
 }
 
 
@@ -291,3 +293,78 @@ def generator_words() -> set[str]:
     for c in NO_CHANGE_CAPTIONS:
         words.update(c.split())
     return words
+
+
+# ----------------------------------------------------------------------------------------------------
+# CLEVR-DC: viewpoint-free references
+# ----------------------------------------------------------------------------------------------------
+# The after camera moves drastically in CLEVR-DC, so left / behind relations do not survive the change of
+# view; its captions name an object by its attributes or compare it with another one ("the other large red
+# object that is the same shape as the brown metal object"). Neither depends on the camera.
+
+
+@dataclass(frozen=True)
+class SameAs:
+    """Object ``target`` named as "the other <attrs> that is the same <same> as <ref named by ref_attrs>"."""
+
+    target: int
+    attrs: tuple[str, ...]
+    same: str
+    ref: int
+    ref_attrs: tuple[str, ...]
+
+
+def same_as_references(objects, target: int) -> list[SameAs]:
+    """All minimal comparison references to ``objects[target]``: fewest own attributes first."""
+    t = objects[target]
+    landmarks = [(b, minimal_attribute_sets(objects, b)) for b in range(len(objects)) if b != target]
+    for k in range(0, len(ATTRIBUTES)):
+        found = []
+        for attrs in itertools.combinations(ATTRIBUTES, k):
+            for same in ATTRIBUTES:
+                if same in attrs:
+                    continue
+                for b, bsets in landmarks:
+                    if not bsets or getattr(objects[b], same) != getattr(t, same):
+                        continue
+                    denoted = [c for c in matching(objects, t, attrs)
+                               if c != b and getattr(objects[c], same) == getattr(objects[b], same)]
+                    if denoted == [target]:
+                        found.extend(SameAs(target, attrs, same, b, bs) for bs in bsets)
+        if found:
+            return found
+    return []
+
+
+def describe_same_as(rng: np.random.Generator, objects, ref: SameAs) -> str:
+    own = noun_phrase(rng, objects[ref.target], ref.attrs).replace("the ", "the other ", 1)
+    lead = _pick(rng, ("that is ", ""))
+    return f"{own} {lead}the same {ref.same} as {noun_phrase(rng, objects[ref.ref], ref.ref_attrs)}"
+
+
+def dc_change_captions(rng: np.random.Generator, change_type: str, objects, target: int,
+                       new_value: str | None = None, n: int = 6, max_tries: int = 80) -> list[str]:
+    """Up to ``n`` distinct CLEVR-DC-style captions of one change (``change_captions``' arguments, no
+    camera). Comparison references are preferred when the object has any (2 in 3 captions)."""
+    plain = [Reference(target, a) for a in minimal_attribute_sets(objects, target)]
+    compared = same_as_references(objects, target)
+    if not plain and not compared:
+        raise ValueError(f"object {target} cannot be named uniquely")
+    out: list[str] = []
+    for _ in range(max_tries):
+        if compared and (not plain or rng.random() < 2 / 3):
+            x = describe_same_as(rng, objects, _pick(rng, compared))
+        else:
+            x = describe(rng, objects, _pick(rng, plain))
+        v = (new_value if change_type == "color" else
+             _pick(rng, MATERIAL_PREDICATE_WORDS[new_value]) if change_type == "material" else "")
+        c = _pick(rng, CHANGE_TEMPLATES[change_type]).format(x=x, v=v)
+        if c not in out:
+            out.append(c)
+            if len(out) == n:
+                break
+    return out
+
+
+def dc_generator_words() -> set[str]:
+    return generator_words() | {"other", "same", "as", "size", "color", "material", "shape"}

@@ -10,19 +10,13 @@ counts; the data is synthetic, not the official CLEVR-Change) and ``OUT/scenes.j
 scene, change and views of every index).
 
 Each index draws only from ``numpy.random.default_rng([seed, index])``, so the output is the same for
-any worker count. Work happens in ``OUT.partial/``: every PNG is written under a temporary name and
-renamed, and an index is finished once its small ``meta/%06d.json`` exists, so an interrupted run
-resumes where it stopped. The JSON files are written last, then ``OUT.partial`` is renamed to ``OUT``.
+any worker count; rendering resumes after an interruption (``pipeline.synth.world``).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import json
-import multiprocessing
-import os
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +24,8 @@ import numpy as np
 from pipeline.errors import PipelineError
 from pipeline.synth.render import bbox_from_ids, render
 from pipeline.synth.scene import CHANGE_TYPES, make_example
-from pipeline.utils.io import atomic_path, read_json, write_json, write_jsonl
+from pipeline.synth.world import meta_path, render_world, save_png
+from pipeline.utils.io import read_json, write_json, write_jsonl
 
 GENERATOR = "pipeline.synth.clevr_change"
 VERSION = "1.0.0"
@@ -79,13 +74,6 @@ def image_path(data_dir: Path, kind: str, index: int) -> Path:
     return data_dir / sub / (pattern % index)
 
 
-def _save_png(path: Path, rgb: np.ndarray) -> None:
-    from PIL import Image
-
-    with atomic_path(path) as tmp:
-        Image.fromarray(np.ascontiguousarray(rgb, dtype=np.uint8)).save(tmp, format="PNG")
-
-
 def render_index(seed: int, index: int, n_indices: int, width: int, height: int):
     """Render one index: (example, {kind: (rgb, ids)})."""
     ex = make_example(seed, index, n_indices, width, height, n_captions=CAPTIONS_PER_INDEX)
@@ -119,18 +107,19 @@ def _index_record(ex, images) -> dict:
 
 
 def _work(task) -> int:
-    partial, seed, index, n_indices, width, height = task
+    partial, index, params = task
     partial = Path(partial)
-    ex, images = render_index(seed, index, n_indices, width, height)
+    width, height = params["image_size"]
+    ex, images = render_index(params["seed"], index, params["n_indices"], width, height)
     data = partial / "data"
     for kind, (rgb, _) in images.items():
-        _save_png(image_path(data, kind, index), rgb)
-    write_json(partial / "meta" / ("%06d.json" % index), _index_record(ex, images), indent=None)
+        save_png(image_path(data, kind, index), rgb)
+    write_json(meta_path(partial, index), _index_record(ex, images), indent=None)
     return index
 
 
 def _index_done(partial: Path, index: int) -> bool:
-    if not (partial / "meta" / ("%06d.json" % index)).exists():
+    if not meta_path(partial, index).exists():
         return False
     return all(image_path(partial / "data", kind, index).exists() for kind in IMAGE_DIRS)
 
@@ -190,7 +179,7 @@ def _params(n_indices, seed, width, height) -> dict:
 
 def _finalize(partial: Path, n_indices: int, seed: int, fractions, width: int, height: int) -> None:
     data = partial / "data"
-    records = [read_json(partial / "meta" / ("%06d.json" % i)) for i in range(n_indices)]
+    records = [read_json(meta_path(partial, i)) for i in range(n_indices)]
     key = "CLEVR_default_%06d.png"
     change_caps = {key % r["index"]: r["change_captions"] for r in records}
     no_change_caps = {key % r["index"]: r["no_change_captions"] for r in records}
@@ -228,19 +217,7 @@ def _finalize(partial: Path, n_indices: int, seed: int, fractions, width: int, h
                              "nonsemantic), independent of the PNG encoder",
         "scenes": "scenes.jsonl",
     }
-    # temporary files left behind by an interrupted run
-    for sub, _ in IMAGE_DIRS.values():
-        for p in (data / sub).glob(".*.tmp"):
-            p.unlink()
-    for p in data.glob(".*.tmp"):
-        p.unlink()
-    shutil.rmtree(partial / "meta")
-    (partial / ".params.json").unlink(missing_ok=True)
     write_json(partial / "SYNTHETIC.json", meta, indent=2)
-
-
-def _is_complete(out: Path) -> bool:
-    return (out / "SYNTHETIC.json").exists() and (out / "data").is_dir()
 
 
 def generate(
@@ -254,64 +231,12 @@ def generate(
     progress: bool = True,
     max_new_indices: int | None = None,
 ) -> bool:
-    """Render the world into ``out``. Returns True when ``out`` is complete.
-
-    ``max_new_indices`` stops after rendering that many new indices, leaving ``out.partial`` to be resumed
-    (returns False); it exists for tests of resumption.
-    """
-    from tqdm import tqdm
-
+    """Render the world into ``out`` (``pipeline.synth.world.render_world``). Returns True when ``out`` is
+    complete; ``max_new_indices`` stops early, leaving ``out.partial`` to resume (for tests)."""
     _check_arguments(n_indices, seed, split_fractions, workers, width, height)
-    out = Path(out)
-    partial = out.with_name(out.name + ".partial")
     params = _params(n_indices, seed, width, height)
-
-    if out.exists() and _is_complete(out):
-        have = read_json(out / "SYNTHETIC.json")
-        same = {k: have.get(k) for k in params} == params and have.get("split_fractions") == [
-            float(f) for f in split_fractions]
-        if same:
-            print(f"{out}: already complete (seed {seed}, {n_indices} indices)")
-            return True
-        raise PipelineError(f"{out} already holds a synthetic world with different parameters "
-                            f"({ {k: have.get(k) for k in params} }); remove it first")
-
-    if partial.exists():
-        pfile = partial / ".params.json"
-        old = json.loads(pfile.read_text()) if pfile.exists() else None
-        if old != params:
-            shutil.rmtree(partial)
-    partial.mkdir(parents=True, exist_ok=True)
-    write_json(partial / ".params.json", params)
-    for sub, _ in IMAGE_DIRS.values():
-        (partial / "data" / sub).mkdir(parents=True, exist_ok=True)
-    (partial / "meta").mkdir(exist_ok=True)
-
-    todo = [i for i in range(n_indices) if not _index_done(partial, i)]
-    if max_new_indices is not None:
-        todo = todo[:max_new_indices]
-    tasks = [(str(partial), int(seed), i, int(n_indices), int(width), int(height)) for i in todo]
-    if tasks:
-        if workers == 1 or len(tasks) == 1:
-            bar = tqdm(total=len(tasks), desc="synth-clevr-change", unit="idx", disable=not progress)
-            for t in tasks:
-                _work(t)
-                bar.update(1)
-            bar.close()
-        else:
-            methods = multiprocessing.get_all_start_methods()
-            ctx = multiprocessing.get_context("fork" if "fork" in methods else None)
-            with ctx.Pool(processes=min(workers, len(tasks))) as pool:
-                bar = tqdm(total=len(tasks), desc="synth-clevr-change", unit="idx", disable=not progress)
-                for _ in pool.imap_unordered(_work, tasks, chunksize=1):
-                    bar.update(1)
-                bar.close()
-
-    if any(not _index_done(partial, i) for i in range(n_indices)):
-        return False
-
-    _finalize(partial, n_indices, seed, split_fractions, width, height)
-    if out.exists():  # an incomplete earlier output (a complete one was handled above)
-        shutil.rmtree(out)
-    os.replace(partial, out)
-    return True
+    identity = {**params, "split_fractions": [float(f) for f in split_fractions]}
+    return render_world(out, params, identity, range(n_indices), _work, _index_done,
+                        lambda partial: _finalize(partial, n_indices, seed, split_fractions, width, height),
+                        [sub for sub, _ in IMAGE_DIRS.values()], workers=workers, progress=progress,
+                        desc="synth-clevr-change", max_new_indices=max_new_indices)
