@@ -15,6 +15,22 @@ rule synth_clevr_change:
         "> {log} 2>&1"
 
 
+rule synth_clevr_dc:
+    """Render the synthetic CLEVR-DC world in the release's layout (resumable; see pipeline/synth)."""
+    output:
+        directory("resources/raw/clevr_dc/synthetic"),
+    params:
+        cfg=lambda w: sorted_cfg(dataset_cfg("clevr_dc")["synthetic"]),
+    threads: lambda w: dataset_cfg("clevr_dc")["synthetic"].get("workers", 1)
+    log:
+        "logs/clevr_dc/synth.log",
+    benchmark:
+        "logs/benchmarks/clevr_dc/synth.tsv"
+    shell:
+        "python -m pipeline synth-clevr-dc --out {output} --per-block {params.cfg[per_block]} "
+        "--seed {params.cfg[seed]} --workers {threads} --no-progress > {log} 2>&1"
+
+
 rule fetch_official:
     """Download the official release, or verify a copy placed by hand (message says what goes where)."""
     output:

@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import h5py
 import pandas as pd
 import pytest
 import yaml
+
+from pipeline.datasets.inspect_tree import inspect_tree
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_CONFIG = ROOT / ".test" / "config" / "config.yaml"
@@ -115,3 +118,18 @@ def test_official_source_offline_says_what_to_place_where(tmp_path):
     log = (tmp_path / "logs/clevr_change/fetch.log").read_text()
     assert "resources/raw/clevr_change/official/clevr_change.tar.gz" in log
     assert not (tmp_path / "resources/raw/clevr_change/official/verified.json").exists()
+
+
+def test_clevr_dc_data_stages_run_through_the_dag(workdir):
+    """CLEVR-DC's data stages (issue 13): synthetic world -> manifest -> text and features, with the same
+    generic rules as CLEVR-Change; the manifest's pairs are the world's, in its release blocks."""
+    smk(workdir, "results/clevr_dc/manifest.jsonl", "results/clevr_dc/text/vocab.json",
+        "results/clevr_dc/features/resnet101_layer4.h5")
+    recs = [json.loads(line) for line in (workdir / "results/clevr_dc/manifest.jsonl").read_text().splitlines()]
+    assert len(recs) == 120 and recs[0]["before"] == "images/0.png"
+    report = inspect_tree("clevr_dc", workdir / "resources/raw/clevr_dc/synthetic")
+    assert report["source"] == "synthetic" and report["n_warnings"] == 0
+    assert {s: v["pairs"] for s, v in report["splits"].items()} == {"train": 102, "val": 6, "test": 12}
+    assert {"other", "same", "shape"} <= set(json.loads((workdir / "results/clevr_dc/text/vocab.json").read_text())["itow"])
+    with h5py.File(workdir / "results/clevr_dc/features/resnet101_layer4.h5") as f:
+        assert f["features"].shape[0] == 240 and f.attrs["complete"]  # every before and after image once
