@@ -100,6 +100,24 @@ def test_truncated_archive_is_reported(tmp_path):
     assert not (root / "data").exists()
 
 
+def test_archive_cut_mid_extraction_leaves_no_staging_folder(tmp_path):
+    src = tmp_path / "src"
+    make_official_layout(src)
+    root = tmp_path / "official"
+    root.mkdir()
+    whole = tmp_path / "whole.tar"  # uncompressed: members are written before the cut is noticed
+    with tarfile.open(whole, "w") as tar:
+        tar.add(src / "data", arcname="data")
+    data = whole.read_bytes()
+    (root / "clevr_change.tar.gz").write_bytes(data[: int(len(data) * 0.7)])
+    # a staging folder left by an extraction killed outright (SIGKILL) is removed by the next try too
+    (root / ".data.k1ll3d_9.tmp.x" / "data").mkdir(parents=True)
+    for _ in range(2):  # one try after another: nothing accumulates
+        with pytest.raises(PipelineError, match="clevr_change.tar.gz: cannot extract"):
+            fetch.run(argparse.Namespace(dataset="clevr_change", root=str(root), no_download=True))
+        assert sorted(p.name for p in root.iterdir()) == ["clevr_change.tar.gz"]
+
+
 def test_download_verifies_checksums_and_is_atomic(tmp_path):
     src = tmp_path / "blob.bin"
     src.write_bytes(bytes(range(256)) * 1000)
