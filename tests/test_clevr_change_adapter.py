@@ -61,6 +61,26 @@ def test_bad_layouts_name_the_file_and_key(tmp_path):
         clevr_change.parse(data3, "official")
 
 
+def test_punctuation_only_caption_is_named_before_evaluation(tmp_path, capsys):
+    from pipeline.__main__ import main
+    from pipeline.evaluate import score
+
+    data = make_official_layout(tmp_path)
+    change = json.loads((data / "change_captions.json").read_text())
+    change["CLEVR_default_000003.png"][1] = " ... !"
+    (data / "change_captions.json").write_text(json.dumps(change))
+    out = tmp_path / "manifest.jsonl"
+    assert main(["manifest", "--dataset", "clevr_change", "--raw-dir", str(data), "--source", "official",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == (f"error: {data / 'change_captions.json'}: 'CLEVR_default_000003.png': caption ' ... !' "
+                           "has no word (empty or punctuation only)")
+    assert not out.exists()
+    # the evaluation says the same of a reference it is given directly, instead of pycocoevalcap's traceback
+    with pytest.raises(PipelineError, match=r"references: pair 'a': reference caption '\.\.\.' has no word"):
+        score({"a": ["..."], "b": ["a ball changed"]}, {"a": "the cube", "b": "a ball"}, metrics=("CIDEr",))
+
+
 def test_manifest_stage_writes_jsonl(tmp_path):
     data = make_official_layout(tmp_path)
     manifest.run(argparse.Namespace(dataset="clevr_change", raw_dir=str(data), source="official",
