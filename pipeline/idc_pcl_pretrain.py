@@ -183,9 +183,16 @@ def run(args: argparse.Namespace) -> None:
                                 args.seed, ratios)
         run_dir.mkdir(parents=True, exist_ok=True)
         log_path = run_dir / "train_log.jsonl"
-        log = TrainLog(log_path)
-
         n_val = [0]
+
+        class Log(TrainLog):
+            def rewind(self, step):
+                super().rewind(step)
+                # validations before the resumed step (every val_every, and the last step): the score below
+                # must keep growing across sessions, or a resumed run would keep the weights of an earlier step
+                n_val[0] = -(-step // cfg.val_every)
+
+        log = Log(log_path)
 
         def validate(m):
             # No selection in pre-training (the official code keeps its last checkpoint): the score only grows.
