@@ -21,7 +21,7 @@ import torch
 
 from pipeline.datasets.clevr_change import NO_CHANGE
 from pipeline.datasets.manifest import load as load_manifest
-from pipeline.engine import autocast
+from pipeline.engine import autocast, load_checkpoint
 from pipeline.errors import PipelineError
 from pipeline.features.store import FeatureStore
 from pipeline.models import build_model
@@ -44,9 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def load_model(path: Path):
-    if not path.is_file():
-        raise PipelineError(f"checkpoint not found: {path}")
-    ck = torch.load(path, map_location="cpu", weights_only=False)
+    ck = load_checkpoint(path)
     if "method" not in ck:
         raise PipelineError(f"{path}: not a finished training checkpoint (no method recorded)")
     model = build_model(ck["method"], ck["vocab_size"], ck["feat_dim"], ck["model_hparams"])

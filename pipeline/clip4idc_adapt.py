@@ -34,7 +34,8 @@ import torch
 from pipeline.data import TrainBatches
 from pipeline.datasets.clevr_change import NO_CHANGE
 from pipeline.datasets.manifest import load as load_manifest
-from pipeline.engine import autocast, discard_resume_state, resolved_precision, save, train
+from pipeline.engine import (TrainLog, autocast, discard_resume_state, load_checkpoint, resolved_precision,
+                             save, train)
 from pipeline.errors import PipelineError
 from pipeline.features.store import FeatureStore
 from pipeline.retrieval import retrieval_metrics
@@ -180,18 +181,14 @@ def run(args: argparse.Namespace) -> None:
 
         run_dir.mkdir(parents=True, exist_ok=True)
         log_path = run_dir / "train_log.jsonl"
-
-        def log(rec):
-            print(json.dumps(rec), flush=True)
-            with open(log_path, "a") as f:
-                f.write(json.dumps(rec) + "\n")
+        log = TrainLog(log_path)
 
         identity = {"stage": "adapt-clip4idc", "name": args.name, "dataset": args.dataset, "seed": args.seed,
                     "hparams": json.loads(args.hparams), "features": dict(store.attrs), "n_train": len(batches),
                     "vocab": len(vocab)}
         t0 = time.time()
         summary = train(model, batch, validate, cfg, run_dir, len(batches), device, identity, on_best, log)
-        ck = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
+        ck = load_checkpoint(run_dir / "checkpoint.pt")
         model.load_state_dict(ck["model"])
         model.to(device)
         if "val" not in best:  # resumed after the best step

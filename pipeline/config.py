@@ -21,6 +21,7 @@ def validate(config: dict, schema_path: str | Path = SCHEMA, source: str = "conf
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: (len(e.path), list(map(str, e.path))))
     if not errors:
+        check_references(config, source)
         return config
     e = errors[0]
     if e.validator == "additionalProperties":
@@ -28,6 +29,26 @@ def validate(config: dict, schema_path: str | Path = SCHEMA, source: str = "conf
         extra = sorted(set(e.instance) - set(e.schema.get("properties", {})))
         raise PipelineError(f"{source}: unknown key {extra[0]!r} under {_where(e.path)} (allowed: {', '.join(allowed)})")
     raise PipelineError(f"{source}: {_where(e.path)}: {e.message}")
+
+
+def check_references(config: dict, source: str = "config") -> None:
+    """What the schema cannot say: names that must refer to other blocks. Checked when the Snakefile loads the
+    config, so a typo stops the run before any job (a wrong ``init_from`` otherwise only shows as a missing
+    input, or as nothing to do while stale results stay)."""
+    pretraining, methods, datasets = (config.get(k) or {} for k in ("pretraining", "methods", "datasets"))
+    for m, block in methods.items():
+        init = block.get("init_from")
+        if init is not None and init not in pretraining:
+            raise PipelineError(f"{source}: methods.{m}.init_from: {init!r} is not a run under pretraining "
+                                f"(configured: {', '.join(sorted(pretraining)) or 'none'})")
+    for t, block in (config.get("tables") or {}).items():
+        for m in block.get("methods", []):
+            if m not in methods:
+                raise PipelineError(f"{source}: tables.{t}.methods: unknown method {m!r} (not under methods)")
+        dataset = block.get("dataset", t)
+        if dataset not in datasets:
+            raise PipelineError(f"{source}: tables.{t}: dataset {dataset!r} is not under datasets"
+                                + ("" if "dataset" in block else f" (set tables.{t}.dataset)"))
 
 
 def load(path: str | Path) -> dict:

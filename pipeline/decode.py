@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from pipeline.datasets.manifest import load as load_manifest
+from pipeline.engine import load_checkpoint
 from pipeline.errors import PipelineError
 from pipeline.features.store import FeatureStore
 from pipeline.models import build_model
@@ -33,9 +34,7 @@ def run(args: argparse.Namespace) -> None:
     set_threads(args.threads)
     device = pick_device(args.device)
     path = Path(args.checkpoint)
-    if not path.is_file():
-        raise PipelineError(f"checkpoint not found: {path}")
-    ck = torch.load(path, map_location="cpu", weights_only=False)
+    ck = load_checkpoint(path)
     if "method" not in ck:
         raise PipelineError(f"{path}: not a finished training checkpoint (no method recorded)")
     vocab = Vocab.load(Path(args.text_dir) / "vocab.json")

@@ -4,9 +4,12 @@ No file formats here beyond the checkpoint: data comes from a ``batch(step)`` ca
 from a ``validate(model) -> (score, extra)`` callable, so every method trains through the same loop.
 
 Resumption: every ``val_every`` steps the full state (model, optimiser, scheduler, RNG, step, best
-score, history) is saved to ``resume.pt``; a restarted run with the same configuration continues from it
-and ends with exactly the weights and selection an uninterrupted run would have (batches are a pure
-function of the step, see ``pipeline.data``).
+score, history, and the selected weights themselves) is saved to ``resume.pt``; a restarted run with the
+same configuration continues from it and ends with exactly the weights and selection an uninterrupted run
+would have (batches are a pure function of the step, see ``pipeline.data``). ``resume.pt`` is not a
+declared output, so it survives what Snakemake does to an interrupted job (it deletes the job's outputs,
+``checkpoint.pt`` included): the engine writes ``checkpoint.pt`` again from the copy in ``resume.pt``.
+Checkpoints are byte-identical between identical runs, resumed or not (``save``).
 
 Logging (``log(record)``, which the stages append to ``<run_dir>/train_log.jsonl``): ``{"event": "started"}``
 or ``{"event": "resumed", "step"}`` when a session begins, then one record per validation: ``step``, ``loss``
@@ -16,6 +19,8 @@ steps that returned it), ``train_steps`` (how many steps were averaged), ``lr`` 
 ``val_score`` and ``elapsed_s`` (training seconds since step 0, summed over resumed sessions; the time lost
 between the last validation and an interruption is not counted). The averages restart at every validation,
 which is when the resume state is saved, so a resumed run logs what an uninterrupted one would.
+``TrainLog`` is that file: a fresh start empties it, a resumed session first cuts it back to the resumed step
+(the records an interrupted session logged after its last saved state are not repeated twice).
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
-from pipeline.utils.io import atomic_path
+from pipeline.errors import PipelineError
+from pipeline.utils.io import atomic_path, remove_stale_temporaries
 
 
 class LossMeans:
@@ -133,16 +139,69 @@ def lr_factor(step: int, cfg: TrainConfig, steps_per_epoch: float) -> float:
     return f
 
 
+# Part of the resume key: a resume.pt of an older layout (without the selected weights) is not resumed.
+RESUME_FORMAT = 2
+
+
 def save(path: Path, obj) -> None:
-    with atomic_path(path) as tmp:
-        torch.save(obj, tmp)
+    """``torch.save`` atomically and reproducibly: given a path, torch names the zip archive's records after
+    the file (here a random temporary name), so the same weights gave different bytes; a file object makes
+    it use the fixed name ``archive``."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        torch.save(obj, f)
+
+
+def load_checkpoint(path: str | Path) -> dict:
+    """A checkpoint written by ``save``; a missing, truncated or foreign file raises PipelineError naming it."""
+    path = Path(path)
+    if not path.is_file():
+        raise PipelineError(f"missing checkpoint: {path}")
+    try:
+        ck = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # noqa: BLE001 - torch raises RuntimeError, EOFError, UnpicklingError, ... by cause
+        raise PipelineError(f"{path}: not a readable checkpoint (truncated or corrupt? {type(e).__name__}: "
+                            f"{str(e).splitlines()[0] if str(e) else ''}); delete it and run its stage again") from None
+    if not isinstance(ck, dict) or "model" not in ck:
+        raise PipelineError(f"{path}: not a checkpoint of this pipeline (no 'model' entry)")
+    return ck
 
 
 def discard_resume_state(run_dir: Path) -> None:
     """Delete ``resume.pt`` once a stage has written all its outputs: it only serves to continue an interrupted
     run (a finished run is never resumed: another configuration starts over, the same one is up to date),
-    and it is large (optimiser moments: 1.3-1.5 GB for each CLIP run)."""
-    (Path(run_dir) / "resume.pt").unlink(missing_ok=True)
+    and it is large (optimiser moments: 1.3-1.5 GB for each CLIP run). Temporaries a killed save left go too."""
+    resume = Path(run_dir) / "resume.pt"
+    resume.unlink(missing_ok=True)
+    remove_stale_temporaries(resume)
+
+
+class TrainLog:
+    """``<run_dir>/train_log.jsonl``: each record is printed (the job's log) and appended to the file.
+
+    ``rewind(step)`` is called by ``train`` when a session begins: at step 0 the file is emptied (a fresh
+    start does not keep a dead run's history), when resuming it keeps the records up to the validation record
+    of the resumed step (what the interrupted session logged after its last saved state is logged again)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def __call__(self, rec: dict) -> None:
+        print(json.dumps(rec), flush=True)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+
+    def rewind(self, step: int) -> None:
+        lines = self.path.read_text().splitlines() if step > 0 and self.path.is_file() else []
+        keep = 0
+        for i, line in enumerate(lines):
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:  # a line cut by a kill: nothing after it is kept
+                break
+            if isinstance(rec, dict) and rec.get("step") == step and "val_score" in rec:
+                keep = i + 1
+        with atomic_path(self.path) as tmp:
+            tmp.write_text("".join(line + "\n" for line in lines[:keep]))
 
 
 def train(model: torch.nn.Module, batch: Callable[[int], dict], validate: Callable, cfg: TrainConfig,
@@ -157,7 +216,7 @@ def train(model: torch.nn.Module, batch: Callable[[int], dict], validate: Callab
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     resume_path, best_path = run_dir / "resume.pt", run_dir / "checkpoint.pt"
-    key = config_hash(identity)
+    key = config_hash({"identity": identity, "resume_format": RESUME_FORMAT})
     model.to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     # A model may ask for per-part learning rates (e.g. CLIP4IDC: 1e-7 for the CLIP encoder, 1e-4 elsewhere)
@@ -169,22 +228,35 @@ def train(model: torch.nn.Module, batch: Callable[[int], dict], validate: Callab
     steps_per_epoch = n_train / cfg.batch_size
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg, steps_per_epoch))
     state = {"step": 0, "best_score": -math.inf, "best_step": None, "history": []}
+    best = None  # the selected checkpoint's content (weights cloned): kept in resume.pt too
+    notes = []
+    ck = None
     if resume_path.exists():
-        ck = torch.load(resume_path, map_location="cpu", weights_only=False)
-        if ck.get("key") == key and ck["state"]["best_step"] is not None and not best_path.exists():
-            # The selected checkpoint was removed (e.g. `snakemake --forcerun train`): start over.
-            log({"event": "resume state ignored: its selected checkpoint is gone", "path": str(best_path)})
-        elif ck.get("key") == key:
-            model.load_state_dict(ck["model"])
-            opt.load_state_dict(ck["optimizer"])
-            sched.load_state_dict(ck["scheduler"])
-            torch.set_rng_state(ck["torch_rng"])
-            if device.type == "cuda" and ck.get("cuda_rng") is not None:
-                torch.cuda.set_rng_state(ck["cuda_rng"])
-            state = ck["state"]
-            log({"event": "resumed", "step": state["step"]})
+        try:
+            ck = torch.load(resume_path, map_location="cpu", weights_only=False)
+        except Exception as e:  # noqa: BLE001 - only state for resuming: an unreadable one means starting over
+            notes.append({"event": f"resume state unreadable ({type(e).__name__}): starting over",
+                          "path": str(resume_path)})
+    if isinstance(ck, dict) and ck.get("key") == key:
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["optimizer"])
+        sched.load_state_dict(ck["scheduler"])
+        torch.set_rng_state(ck["torch_rng"])
+        if device.type == "cuda" and ck.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state(ck["cuda_rng"])
+        state, best = ck["state"], ck["best"]
+        if best is not None:
+            # Snakemake deletes checkpoint.pt (a declared output) of an interrupted job; same bytes as before.
+            save(best_path, best)
+    del ck
+    if hasattr(log, "rewind"):
+        log.rewind(state["step"])
+    for note in notes:
+        log(note)
     if state["step"] == 0:
         log({"event": "started", "step": 0, "iterations": cfg.iterations, "val_every": cfg.val_every})
+    else:
+        log({"event": "resumed", "step": state["step"]})
     mixed = autocast(device, cfg.precision)
     t0, step0 = time.time(), state["step"]
     elapsed0 = state.get("elapsed_s", 0.0)  # training seconds of earlier sessions (up to their last validation)
@@ -219,14 +291,16 @@ def train(model: torch.nn.Module, batch: Callable[[int], dict], validate: Callab
             log(rec)
             if score > state["best_score"]:
                 state["best_score"], state["best_step"] = score, state["step"]
-                save(best_path, {"model": model.state_dict(), "step": state["step"], "score": score,
-                                 "identity": identity})
+                # A copy on the CPU: training goes on changing the live tensors.
+                best = {"model": {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()},
+                        "step": state["step"], "score": score, "identity": identity}
+                save(best_path, best)
                 if on_best:
                     on_best(extra)
             save(resume_path, {"key": key, "model": model.state_dict(), "optimizer": opt.state_dict(),
                                "scheduler": sched.state_dict(), "torch_rng": torch.get_rng_state(),
                                "cuda_rng": torch.cuda.get_rng_state() if device.type == "cuda" else None,
-                               "state": state})
+                               "state": state, "best": best})
         if stop_after is not None and state["step"] >= stop_after:
             break
     bar.close()

@@ -34,6 +34,7 @@ import io
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -256,6 +257,9 @@ def _check_refs(refs: Mapping[str, list[str]], origin: str) -> None:
     for k, caps in refs.items():
         if not isinstance(caps, list) or not caps or not all(isinstance(c, str) for c in caps):
             raise PipelineError(f"{origin}: pair {k!r} needs a non-empty list of reference captions (strings)")
+        for c in caps:
+            if not re.search(r"[^\W_]", c):  # the tokenizer would leave it empty, and CIDEr-D would crash on it
+                raise PipelineError(f"{origin}: pair {k!r}: reference caption {c!r} has no word (punctuation only)")
 
 
 def score(

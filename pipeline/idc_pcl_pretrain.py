@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from pipeline.datasets.manifest import load as load_manifest
-from pipeline.engine import discard_resume_state, resolved_precision, train
+from pipeline.engine import TrainLog, discard_resume_state, load_checkpoint, resolved_precision, train
 from pipeline.errors import PipelineError
 from pipeline.features.store import FeatureStore
 from pipeline.models.idc_pcl import TASKS, IDCPCL
@@ -183,13 +183,16 @@ def run(args: argparse.Namespace) -> None:
                                 args.seed, ratios)
         run_dir.mkdir(parents=True, exist_ok=True)
         log_path = run_dir / "train_log.jsonl"
-
-        def log(rec):
-            print(json.dumps(rec), flush=True)
-            with open(log_path, "a") as f:
-                f.write(json.dumps(rec) + "\n")
-
         n_val = [0]
+
+        class Log(TrainLog):
+            def rewind(self, step):
+                super().rewind(step)
+                # validations before the resumed step (every val_every, and the last step): the score below
+                # must keep growing across sessions, or a resumed run would keep the weights of an earlier step
+                n_val[0] = -(-step // cfg.val_every)
+
+        log = Log(log_path)
 
         def validate(m):
             # No selection in pre-training (the official code keeps its last checkpoint): the score only grows.
@@ -203,7 +206,7 @@ def run(args: argparse.Namespace) -> None:
         t0 = time.time()
         n_samples = len(train_b.pairs)
         summary = train(model, train_b.batch, validate, cfg, run_dir, n_samples, device, identity, log=log)
-        ck = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
+        ck = load_checkpoint(run_dir / "checkpoint.pt")
         ck.update({"method": "idc_pcl_pretrain", "name": args.name, "model_hparams": model_hp, "tasks": ratios,
                    "vocab_size": len(vocab), "feat_dim": store.shape[0]})
         from pipeline.engine import save

@@ -16,7 +16,8 @@ import torch
 
 from pipeline.data import TrainBatches, eval_batches
 from pipeline.datasets.manifest import load as load_manifest
-from pipeline.engine import TrainConfig, autocast, discard_resume_state, resolved_precision, train
+from pipeline.engine import (TrainConfig, TrainLog, autocast, discard_resume_state, load_checkpoint,
+                             resolved_precision, train)
 from pipeline.errors import PipelineError
 from pipeline.features.store import FeatureStore
 from pipeline.models import build_model
@@ -89,7 +90,7 @@ def run(args: argparse.Namespace) -> None:
         feat_dim = store.shape[0]
         model = build_model(args.method, len(vocab), feat_dim, model_hp)
         if args.init:
-            init = torch.load(args.init, map_location="cpu", weights_only=False)
+            init = load_checkpoint(args.init)
             try:
                 copied = model.init_from(init["model"])
             except ValueError as e:
@@ -109,11 +110,7 @@ def run(args: argparse.Namespace) -> None:
 
         log_path = run_dir / "train_log.jsonl"
         run_dir.mkdir(parents=True, exist_ok=True)
-
-        def log(rec):
-            print(json.dumps(rec), flush=True)
-            with open(log_path, "a") as f:
-                f.write(json.dumps(rec) + "\n")
+        log = TrainLog(log_path)
 
         identity = {"method": args.method, "dataset": args.dataset, "seed": args.seed, "hparams": json.loads(args.hparams),
                     "init": args.init,
@@ -121,7 +118,7 @@ def run(args: argparse.Namespace) -> None:
         t0 = time.time()
         summary = train(model, batches.batch, validate, cfg, run_dir, len(batches), device, identity, on_best, log)
         if "val" not in best_preds:  # resumed after the best step: decode the selected checkpoint again
-            ck = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
+            ck = load_checkpoint(run_dir / "checkpoint.pt")
             model.load_state_dict(ck["model"])
             best_preds["val"] = decode_split(model, val_recs, store, vocab, device, 128, max_len, cfg.precision)
         write_json(run_dir / "predictions_val.json", best_preds["val"], indent=None)
@@ -138,7 +135,7 @@ def run(args: argparse.Namespace) -> None:
             "config": json.loads(args.hparams), "vocab_size": len(vocab), "n_train_triplets": len(batches),
         })
     # The model file carries what decode needs to rebuild the network.
-    ck = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
+    ck = load_checkpoint(run_dir / "checkpoint.pt")
     ck.update({"method": args.method, "model_hparams": model_hp, "vocab_size": len(vocab), "feat_dim": feat_dim,
                "max_decode_len": max_len, "precision": cfg.precision})
     from pipeline.engine import save

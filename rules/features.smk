@@ -21,4 +21,4 @@ rule extract_features:
         "--backbone {wildcards.backbone} --weights {params.cfg[weights]} --weights-dir resources/weights "
         "--batch-size {params.cfg[batch_size]} --dtype {params.cfg[dtype]} --image-size {params.cfg[image_size]} "
         "--mean {params.cfg[mean]} --std {params.cfg[std]} --seed {params.cfg[seed]} "
-        "--out {output} > {log} 2>&1"
+        "--threads {threads} --out {output} > {log} 2>&1"

@@ -61,6 +61,26 @@ def test_bad_layouts_name_the_file_and_key(tmp_path):
         clevr_change.parse(data3, "official")
 
 
+def test_punctuation_only_caption_is_named_before_evaluation(tmp_path, capsys):
+    from pipeline.__main__ import main
+    from pipeline.evaluate import score
+
+    data = make_official_layout(tmp_path)
+    change = json.loads((data / "change_captions.json").read_text())
+    change["CLEVR_default_000003.png"][1] = " ... !"
+    (data / "change_captions.json").write_text(json.dumps(change))
+    out = tmp_path / "manifest.jsonl"
+    assert main(["manifest", "--dataset", "clevr_change", "--raw-dir", str(data), "--source", "official",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == (f"error: {data / 'change_captions.json'}: 'CLEVR_default_000003.png': caption ' ... !' "
+                           "has no word (empty or punctuation only)")
+    assert not out.exists()
+    # the evaluation says the same of a reference it is given directly, instead of pycocoevalcap's traceback
+    with pytest.raises(PipelineError, match=r"references: pair 'a': reference caption '\.\.\.' has no word"):
+        score({"a": ["..."], "b": ["a ball changed"]}, {"a": "the cube", "b": "a ball"}, metrics=("CIDEr",))
+
+
 def test_manifest_stage_writes_jsonl(tmp_path):
     data = make_official_layout(tmp_path)
     manifest.run(argparse.Namespace(dataset="clevr_change", raw_dir=str(data), source="official",
@@ -98,6 +118,24 @@ def test_truncated_archive_is_reported(tmp_path):
     with pytest.raises(PipelineError, match="cannot extract"):
         fetch.run(argparse.Namespace(dataset="clevr_change", root=str(root), no_download=True))
     assert not (root / "data").exists()
+
+
+def test_archive_cut_mid_extraction_leaves_no_staging_folder(tmp_path):
+    src = tmp_path / "src"
+    make_official_layout(src)
+    root = tmp_path / "official"
+    root.mkdir()
+    whole = tmp_path / "whole.tar"  # uncompressed: members are written before the cut is noticed
+    with tarfile.open(whole, "w") as tar:
+        tar.add(src / "data", arcname="data")
+    data = whole.read_bytes()
+    (root / "clevr_change.tar.gz").write_bytes(data[: int(len(data) * 0.7)])
+    # a staging folder left by an extraction killed outright (SIGKILL) is removed by the next try too
+    (root / ".data.k1ll3d_9.tmp.x" / "data").mkdir(parents=True)
+    for _ in range(2):  # one try after another: nothing accumulates
+        with pytest.raises(PipelineError, match="clevr_change.tar.gz: cannot extract"):
+            fetch.run(argparse.Namespace(dataset="clevr_change", root=str(root), no_download=True))
+        assert sorted(p.name for p in root.iterdir()) == ["clevr_change.tar.gz"]
 
 
 def test_download_verifies_checksums_and_is_atomic(tmp_path):

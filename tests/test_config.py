@@ -25,3 +25,21 @@ def test_unknown_key_is_named_with_its_place():
     bad["features"]["resnet101_layer3"]["dtype"] = "int8"
     with pytest.raises(PipelineError, match=r"features\.resnet101_layer3\.dtype"):
         validate(bad)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: c["methods"]["idc_pcl"].update(init_from="idc_pcl_pretrainn"),
+     r"methods\.idc_pcl\.init_from: 'idc_pcl_pretrainn' is not a run under pretraining \(configured: .*idc_pcl_pretrain,"),
+    (lambda c: c["methods"]["duda"].update(init_from="clip4idc_adapt_typo"), r"methods\.duda\.init_from: 'clip4idc_adapt_typo'"),
+    (lambda c: c["tables"]["clevr_change"]["methods"].append("dudaa"),
+     r"tables\.clevr_change\.methods: unknown method 'dudaa' \(not under methods\)"),
+    (lambda c: c["tables"]["clevr_change"]["methods"].append("duda"), r"tables\.clevr_change\.methods: .*non-unique"),
+    (lambda c: c.update(seeds=[0, 0]), r"seeds: \[0, 0\] has non-unique elements"),
+    (lambda c: c["tables"].update(clevr_chnage={"methods": ["duda"]}),
+     r"tables\.clevr_chnage: dataset 'clevr_chnage' is not under datasets \(set tables\.clevr_chnage\.dataset\)"),
+])
+def test_references_between_blocks_are_checked(edit, message):
+    cfg = yaml.safe_load((ROOT / ".test/config/config.yaml").read_text())
+    edit(cfg)
+    with pytest.raises(PipelineError, match=message):
+        validate(cfg, source="config")

@@ -104,13 +104,103 @@ def test_step_schedule_decays_at_epoch_blocks():
     assert abs(lr_factor(int(30 * spe) + 1, cfg, spe) - 0.01) < 1e-12
 
 
-def test_resume_without_the_selected_checkpoint_starts_over(tmp_path):
-    full, _ = run(tmp_path / "a")
+def test_resume_does_not_need_the_deleted_checkpoint(tmp_path):
+    """Snakemake deletes the declared outputs of an interrupted job (checkpoint.pt) before running it again:
+    the rerun still continues from resume.pt and writes the same checkpoint, byte for byte."""
+    run(tmp_path / "a")
+    run(tmp_path / "b", stop_after=17)  # state saved at step 15
+    (tmp_path / "b" / "checkpoint.pt").unlink()
+    logs = []
+    _, summary = run(tmp_path / "b", log=logs.append)
+    assert {"event": "resumed", "step": 15} in logs
+    assert not any("ignored" in str(r.get("event")) for r in logs)
+    assert summary["finished"] and [r["step"] for r in logs if "val_score" in r] == [20]
+    assert (tmp_path / "b" / "checkpoint.pt").read_bytes() == (tmp_path / "a" / "checkpoint.pt").read_bytes()
+
+
+def test_identical_runs_write_identical_checkpoint_bytes(tmp_path):
+    # torch.save(obj, path) names the archive's records after the (random) temporary file
+    run(tmp_path / "a")
     run(tmp_path / "b")
-    (tmp_path / "b" / "checkpoint.pt").unlink()  # what `snakemake --forcerun train` does to the outputs
-    again, summary = run(tmp_path / "b")
-    assert summary["finished"] and (tmp_path / "b" / "checkpoint.pt").exists()
-    assert all(torch.equal(p, q) for p, q in zip(full.state_dict().values(), again.state_dict().values()))
+    assert (tmp_path / "a" / "checkpoint.pt").read_bytes() == (tmp_path / "b" / "checkpoint.pt").read_bytes()
+
+
+def test_train_log_restarts_with_a_fresh_run_and_rewinds_to_a_resumed_step(tmp_path):
+    from pipeline.engine import TrainLog
+    from pipeline.utils.io import read_jsonl
+
+    log_path = tmp_path / "train_log.jsonl"
+    run(tmp_path, log=TrainLog(log_path))
+    (tmp_path / "resume.pt").unlink()  # the stage deletes it once finished: the next run starts afresh
+    run(tmp_path, stop_after=12, log=TrainLog(log_path))  # a dead run: validated at 5 and 10, then killed
+    with open(log_path, "a") as f:  # what a kill leaves after the last saved state: a record and a cut line
+        f.write('{"step": 15, "loss": 1.0, "val_score": 0.1}\n{"step": 2')
+    recs = read_jsonl_lenient(log_path)
+    assert [r.get("step") for r in recs if "val_score" in r] == [5, 10, 15]
+    run(tmp_path, log=TrainLog(log_path))
+    recs = read_jsonl(log_path)
+    # one fresh start (the finished run's history is gone), the resumed session, each validation once
+    assert [r.get("event") for r in recs if "event" in r] == ["started", "resumed"]
+    assert [r["step"] for r in recs if "val_score" in r] == [5, 10, 15, 20]
+    assert recs[3] == {"event": "resumed", "step": 10}
+
+
+def read_jsonl_lenient(path):
+    import json
+
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass
+    return out
+
+
+def test_stale_temporaries_of_a_killed_save_are_removed(tmp_path):
+    from pipeline.engine import discard_resume_state
+
+    run(tmp_path, stop_after=12)
+    # what SIGKILL during atomic saves leaves (mkstemp names), and files that only look alike
+    stale = [".checkpoint.pt.k1ll_9ab.tmp", ".resume.pt.abcd1234.tmp", ".predictions_val.json.x_y_z123.tmp"]
+    keep = [".checkpoint.pt.notmine.tmp", "notes.tmp", ".checkpoint.pt.gz.abcd1234.tmp"]
+    for name in stale + keep:
+        (tmp_path / name).write_bytes(b"partial")
+    run(tmp_path)  # resumes: saves checkpoint.pt (best at resume) and resume.pt again
+    from pipeline.utils.io import write_json
+
+    write_json(tmp_path / "predictions_val.json", [])
+    discard_resume_state(tmp_path)
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert not set(stale) & set(left) and set(keep) <= set(left)
+    assert "resume.pt" not in left and "checkpoint.pt" in left
+
+
+def test_truncated_checkpoint_names_the_file(tmp_path, capsys):
+    import pytest
+
+    from pipeline.__main__ import main
+    from pipeline.engine import load_checkpoint
+    from pipeline.errors import PipelineError
+
+    run(tmp_path)
+    capsys.readouterr()
+    ck = tmp_path / "checkpoint.pt"
+    data = ck.read_bytes()
+    ck.write_bytes(data[: len(data) // 2])
+    with pytest.raises(PipelineError, match=f"{ck}: not a readable checkpoint"):
+        load_checkpoint(ck)
+    out = tmp_path / "predictions_test.json"
+    assert main(["decode", "--checkpoint", str(ck), "--manifest", "m.jsonl", "--text-dir", "t", "--features", "f.h5",
+                 "--split", "test", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {ck}: not a readable checkpoint") and "Traceback" not in err and not out.exists()
+    # a resume state that cannot be read is only a lost head start
+    (tmp_path / "resume.pt").write_bytes(b"PK\x03\x04 cut")
+    logs = []
+    ck.unlink()
+    _, summary = run(tmp_path, log=logs.append)
+    assert summary["finished"] and "unreadable" in logs[0]["event"] and logs[1]["event"] == "started"
 
 
 def test_precision_chooses_the_autocast():

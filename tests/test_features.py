@@ -328,6 +328,7 @@ def test_truncated_png_names_the_file_and_leaves_no_output(tmp_path, extractor):
     with pytest.raises(PipelineError, match=str(bad)):
         extract_to_hdf5(keys, raw, out, extractor, settings_for(), batch_size=2, progress=False)
     assert not out.exists()
+    assert not list(tmp_path.glob("f.h5*"))  # no partial file either: a failed extraction leaves nothing
     (raw / keys[0]).unlink()
     with pytest.raises(PipelineError, match=f"image file {raw / keys[0]} does not exist"):
         extract_to_hdf5(keys, raw, out, extractor, settings_for(), batch_size=2, progress=False)

@@ -1,10 +1,13 @@
 """The whole DAG on the tiny `.test` configuration, as a user runs it (Snakemake CLI in a fresh folder)."""
 
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import h5py
@@ -133,3 +136,152 @@ def test_clevr_dc_data_stages_run_through_the_dag(workdir):
     assert {"other", "same", "shape"} <= set(json.loads((workdir / "results/clevr_dc/text/vocab.json").read_text())["itow"])
     with h5py.File(workdir / "results/clevr_dc/features/resnet101_layer4.h5") as f:
         assert f["features"].shape[0] == 240 and f.attrs["complete"]  # every before and after image once
+
+
+    # the failed job's log reaches the console (show-failed-logs in the default profile), not only its path
+    assert "place it at resources/raw/clevr_change/official/clevr_change.tar.gz" in p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: c["methods"]["idc_pcl"].update(init_from="idc_pcl_pretrainn"),
+     "methods.idc_pcl.init_from: 'idc_pcl_pretrainn' is not a run under pretraining"),
+    (lambda c: c["tables"]["clevr_change"]["methods"].append("dudaa"),
+     "tables.clevr_change.methods: unknown method 'dudaa' (not under methods)"),
+    (lambda c: c.update(seeds=[0, 0]), "seeds: [0, 0] has non-unique elements"),
+])
+def test_config_references_fail_when_the_snakefile_loads(workdir, tmp_path, edit, message):
+    """Against finished results (where a wrong init_from used to give "Nothing to be done"): one message, no job."""
+    cfg = yaml.safe_load(TEST_CONFIG.read_text())
+    edit(cfg)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(cfg))
+    p = smk(workdir, TABLE, "--dry-run", config=bad, check=False)
+    assert p.returncode != 0 and message in p.stdout + p.stderr, (p.stdout + p.stderr)[-2000:]
+    assert not planned_rules(p) and "Nothing to be done" not in p.stdout + p.stderr
+
+
+def test_feature_extraction_takes_the_cores_it_is_given(tmp_path):
+    p = smk(tmp_path, "results/clevr_change/features/resnet101_layer3.h5", "--dry-run", "--printshellcmds",
+            "--cores", "1")
+    cmd = [line for line in (p.stdout + p.stderr).splitlines() if "extract-features" in line]
+    assert cmd and all("--threads 1 " in line for line in cmd), cmd
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Interruptions through the DAG. A training job is killed at 90 % of its steps, as a user or the machine kills
+# Snakemake (SIGINT: Ctrl-C to the terminal's process group; SIGKILL: the whole group, then `--unlock`); the rerun
+# must resume at that step and end with the outputs of an uninterrupted run, byte for byte.
+# To kill at a known step, the jobs run with a `sitecustomize` (test-only, on PYTHONPATH) that blocks the engine
+# right after it saved the resume state of the step named in IDC_TEST_HOLD.
+HOLD_HOOK = """
+import importlib.abc, importlib.machinery, json, os, sys, time
+from pathlib import Path
+
+HOLD = json.loads(os.environ["IDC_TEST_HOLD"])
+
+
+def _patch(engine):
+    original = engine.save
+
+    def save(path, obj):
+        original(path, obj)
+        name = Path(path).parent.parent.name  # results/<dataset>/<run>/seed<k>/resume.pt
+        if Path(path).name == "resume.pt" and obj["state"]["step"] == HOLD.get(name):
+            (Path(os.environ["IDC_TEST_HELD"]) / name).touch()
+            time.sleep(3600)  # until the test kills us
+
+    engine.save = save
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "pipeline.engine":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            _patch(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, _Finder())
+"""
+# run dir -> (its outputs, the step it is killed at: 90 % of the .test configuration's iterations)
+KILLED = {"duda": (["checkpoint.pt", "predictions_val.json", "run.json"], 18),
+          "idc_pcl_pretrain": (["checkpoint.pt", "pretrain.json"], 9),
+          "clip4idc_adapt": (["checkpoint.pt", "retrieval_val.json", "retrieval_test.json", "run.json"], 9)}
+TIMING = {"train_seconds", "steps_per_s", "elapsed_s"}
+
+
+def _run_dir(workdir, name):
+    return workdir / "results/clevr_change" / name / "seed0"
+
+
+def _targets():
+    return [f"results/clevr_change/{name}/seed0/{outs[-1]}" for name, (outs, _) in KILLED.items()]
+
+
+def _without_timing(obj):
+    if isinstance(obj, dict):
+        return {k: _without_timing(v) for k, v in obj.items() if k not in TIMING}
+    if isinstance(obj, list):
+        return [_without_timing(v) for v in obj]
+    return obj
+
+
+def _outputs(workdir):
+    out = {}
+    for name, (files, _) in KILLED.items():
+        for f in files:
+            data = (_run_dir(workdir, name) / f).read_bytes()
+            out[f"{name}/{f}"] = _without_timing(json.loads(data)) if f.endswith(".json") else data
+    return out
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(workdir):
+    return _outputs(workdir)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "SIGINT"])
+def test_training_killed_at_90_percent_resumes_and_ends_as_if_uninterrupted(workdir, uninterrupted, tmp_path, sig):
+    iterations = {"duda": 20, "idc_pcl_pretrain": 10, "clip4idc_adapt": 10}
+    for name, (_, step) in KILLED.items():
+        assert step >= 0.9 * iterations[name]
+        shutil.rmtree(_run_dir(workdir, name))
+    hook, held = tmp_path / "hook", tmp_path / "held"
+    hook.mkdir(), held.mkdir()
+    (hook / "sitecustomize.py").write_text(HOLD_HOOK)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")]),
+           "IDC_TEST_HOLD": json.dumps({n: step for n, (_, step) in KILLED.items()}), "IDC_TEST_HELD": str(held)}
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir),
+           "--configfile", str(TEST_CONFIG), "--cores", "3", *_targets()]
+    with open(tmp_path / "killed.out", "w") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.time() + 300
+            while len(list(held.iterdir())) < len(KILLED):
+                assert proc.poll() is None and time.time() < deadline, (tmp_path / "killed.out").read_text()[-3000:]
+                time.sleep(0.2)
+            for name in KILLED:  # what a kill during an atomic save leaves beside its target
+                for target in ("checkpoint.pt", "resume.pt"):
+                    (_run_dir(workdir, name) / f".{target}.k1ll3d_9.tmp").write_bytes(b"half an archive")
+        finally:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=120)
+    if sig == signal.SIGKILL:
+        smk(workdir, "--unlock")  # Snakemake, killed outright, could not release its lock
+    smk(workdir, "--cores", "3", *_targets())
+    for name, (_, step) in KILLED.items():
+        log = [json.loads(line) for line in (_run_dir(workdir, name) / "train_log.jsonl").read_text().splitlines()]
+        events = [r for r in log if "event" in r]
+        assert [r["event"] for r in events] == ["started", "resumed"] and events[1]["step"] == step, (name, events)
+        steps = [r["step"] for r in log if "val_score" in r]
+        assert steps == sorted(set(steps)) and steps[-1] == iterations[name], (name, steps)
+    assert _outputs(workdir) == uninterrupted  # checkpoints byte for byte, the rest but its timings
+    left = [p for p in (workdir / "results").rglob("*") if p.name.endswith(".tmp") or p.name == "resume.pt"]
+    assert not left

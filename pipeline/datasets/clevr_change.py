@@ -7,6 +7,7 @@ directory position (the official code pairs by ``sorted(os.listdir())`` and brea
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from pipeline.errors import PipelineError
@@ -93,11 +94,19 @@ def parse(data_dir: str | Path, source: str, generator_seed: int | None = None,
                         raise PipelineError(f"CLEVR-Change image missing: {data_dir / rel}")
             common = {"index": idx, "split": split, "before": before, "labels": {},
                       "source": source, "generator_seed": generator_seed}
-            records.append({"pair_id": f"{idx:06d}.png", **common, "after": sc,
-                            "change_type": type_of[idx], "captions": list(change[key])})
-            records.append({"pair_id": f"{idx:06d}.png_n", **common, "after": nsc,
-                            "change_type": NO_CHANGE, "captions": list(no_change[key])})
-    for r in records:
-        if not r["captions"] or not all(isinstance(c, str) and c.strip() for c in r["captions"]):
-            raise PipelineError(f"CLEVR-Change pair {r['pair_id']}: empty caption list or empty caption")
+            records.append({"pair_id": f"{idx:06d}.png", **common, "after": sc, "change_type": type_of[idx],
+                            "captions": _captions(change[key], data_dir / "change_captions.json", key)})
+            records.append({"pair_id": f"{idx:06d}.png_n", **common, "after": nsc, "change_type": NO_CHANGE,
+                            "captions": _captions(no_change[key], data_dir / "no_change_captions.json", key)})
     return records
+
+
+def _captions(caps, path: Path, key: str) -> list[str]:
+    """The captions of one image, each with at least one word: the evaluation's tokenizer drops punctuation,
+    and a reference left empty breaks the scorers (CIDEr-D of a change type whose references are all empty)."""
+    if not isinstance(caps, list) or not caps:
+        raise PipelineError(f"{path}: {key!r}: empty caption list")
+    for c in caps:
+        if not isinstance(c, str) or not re.search(r"[^\W_]", c):
+            raise PipelineError(f"{path}: {key!r}: caption {c!r} has no word (empty or punctuation only)")
+    return list(caps)

@@ -42,6 +42,9 @@ def _placement_message(dataset: str, root: Path) -> str:
 
 
 def _extract(archive: Path, root: Path) -> None:
+    # The staging folder is named after atomic_path's temporary (".data.<8>.tmp.x"), so one that a killed
+    # extraction left is removed by the next try's atomic_path; one that a failed extraction leaves, here.
+    staging = None
     try:
         with tarfile.open(archive) as tar, atomic_path(root / "data") as tmp:
             staging = tmp.with_name(tmp.name + ".x")
@@ -50,9 +53,11 @@ def _extract(archive: Path, root: Path) -> None:
             if not inner.is_dir():
                 raise PipelineError(f"{archive}: archive has no top-level data/ folder")
             inner.rename(tmp)
-            shutil.rmtree(staging)
     except (tarfile.TarError, EOFError, OSError) as e:
         raise PipelineError(f"{archive}: cannot extract ({e}); delete it and download again") from None
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def verify_clevr_change(data: Path) -> dict:

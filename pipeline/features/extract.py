@@ -12,7 +12,7 @@ Resumable and atomic: rows are written into ``<out>.partial`` together with a pe
 flushed after every batch. A re-run with the same settings (backbone, weights identity, preprocessing, dtype,
 code version, key list and the images' sizes and mtimes) continues with the rows not yet done; with any
 other settings it starts over. At the end the flags are dropped, ``complete=True`` is set and the file is
-renamed onto ``<out>``.
+renamed onto ``<out>``. Bad input (PipelineError) removes the partial file: a failed extraction leaves nothing.
 """
 
 from __future__ import annotations
@@ -350,13 +350,24 @@ def extract_to_hdf5(keys: Sequence[str], raw_dir: str | os.PathLike, out: str | 
         f.close()
         f = None
         os.replace(partial, out)
+    except PipelineError:
+        # Bad input (an undecodable image, features out of the dtype's range): its fix changes the resume
+        # fingerprint, so the rows done are of no use to the next run; leave nothing behind.
+        _close(f)
+        f = None
+        partial.unlink(missing_ok=True)
+        raise
     finally:
-        if f is not None:
-            try:
-                f.close()
-            except Exception:  # noqa: BLE001
-                pass
+        _close(f)
     return out
+
+
+def _close(f) -> None:
+    if f is not None:
+        try:
+            f.close()
+        except Exception:  # noqa: BLE001
+            pass
 
 
 def _check_values(feats: np.ndarray, rows: list[int], keys: Sequence[str], dtype: str) -> None:

@@ -1,6 +1,8 @@
 """Atomic file outputs: write to a temporary name beside the target, then rename.
 
-An interrupted run therefore never leaves a half-written file under the final name.
+An interrupted run therefore never leaves a half-written file under the final name. A process killed
+outright (SIGKILL, power loss) cannot remove its temporary file: the next write of the same target does
+(``remove_stale_temporaries``), so a rerun that succeeds leaves none behind.
 """
 
 from __future__ import annotations
@@ -8,12 +10,37 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
 from pipeline.errors import PipelineError
+
+
+def _temporary_pattern(path: Path, suffix: str = "") -> re.Pattern:
+    # mkstemp's random part is 8 characters of [a-z0-9_]; anything may follow (e.g. an extraction's staging ".x")
+    return re.compile(rf"\.{re.escape(path.name)}\.[a-z0-9_]{{8}}{re.escape(suffix)}\.tmp(\..*)?")
+
+
+def remove_stale_temporaries(path: str | os.PathLike, suffix: str = "") -> list[Path]:
+    """Delete the temporary files or folders that ``atomic_path(path, suffix)`` of a killed process left.
+
+    Safe because every target has one writer at a time (one Snakemake job owns each output)."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        return []
+    pattern = _temporary_pattern(path, suffix)
+    removed = []
+    for p in path.parent.iterdir():
+        if pattern.fullmatch(p.name):
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+            removed.append(p)
+    return removed
 
 
 @contextlib.contextmanager
@@ -24,6 +51,7 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(path, suffix)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix + ".tmp", dir=path.parent)
     os.close(fd)
     os.unlink(tmp)  # the caller creates it (file or directory)
