@@ -121,6 +121,8 @@ def test_official_source_offline_says_what_to_place_where(tmp_path):
     log = (tmp_path / "logs/clevr_change/fetch.log").read_text()
     assert "resources/raw/clevr_change/official/clevr_change.tar.gz" in log
     assert not (tmp_path / "resources/raw/clevr_change/official/verified.json").exists()
+    # the failed job's log reaches the console (show-failed-logs in the default profile), not only its path
+    assert "place it at resources/raw/clevr_change/official/clevr_change.tar.gz" in p.stdout + p.stderr
 
 
 def test_clevr_dc_data_stages_run_through_the_dag(workdir):
@@ -136,10 +138,6 @@ def test_clevr_dc_data_stages_run_through_the_dag(workdir):
     assert {"other", "same", "shape"} <= set(json.loads((workdir / "results/clevr_dc/text/vocab.json").read_text())["itow"])
     with h5py.File(workdir / "results/clevr_dc/features/resnet101_layer4.h5") as f:
         assert f["features"].shape[0] == 240 and f.attrs["complete"]  # every before and after image once
-
-
-    # the failed job's log reaches the console (show-failed-logs in the default profile), not only its path
-    assert "place it at resources/raw/clevr_change/official/clevr_change.tar.gz" in p.stdout + p.stderr
 
 
 @pytest.mark.parametrize("edit, message", [
