@@ -34,7 +34,6 @@ import io
 import json
 import math
 import os
-import re
 import shutil
 import subprocess
 import tempfile
@@ -45,6 +44,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from pipeline.errors import PipelineError
+from pipeline.text import has_word
 from pipeline.utils.io import read_json, read_jsonl, write_json
 
 METRICS = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr", "SPICE")
@@ -258,7 +258,7 @@ def _check_refs(refs: Mapping[str, list[str]], origin: str) -> None:
         if not isinstance(caps, list) or not caps or not all(isinstance(c, str) for c in caps):
             raise PipelineError(f"{origin}: pair {k!r} needs a non-empty list of reference captions (strings)")
         for c in caps:
-            if not re.search(r"[^\W_]", c):  # the tokenizer would leave it empty, and CIDEr-D would crash on it
+            if not has_word(c):  # the tokenizer would leave it empty, and CIDEr-D would crash on it
                 raise PipelineError(f"{origin}: pair {k!r}: reference caption {c!r} has no word (punctuation only)")
 
 

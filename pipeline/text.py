@@ -22,6 +22,22 @@ SPECIALS = ["<NULL>", "<UNK>", "<START>", "<END>"]
 NULL, UNK, START, END = range(4)
 
 
+def has_word(caption: str) -> bool:
+    """Whether a caption has a letter or digit: the evaluation's tokenizer drops punctuation, and a reference
+    left empty breaks the scorers (CIDEr-D of a change type whose references are all empty)."""
+    return bool(re.search(r"[^\W_]", caption))
+
+
+def caption_fault(captions) -> str | None:
+    """Why one pair's caption list cannot be used (empty, or a caption without a word), or None."""
+    if not isinstance(captions, list) or not captions:
+        return "empty caption list"
+    for c in captions:
+        if not isinstance(c, str) or not has_word(c):
+            return f"caption {c!r} has no word (empty or punctuation only)"
+    return None
+
+
 def tokenize(caption: str) -> list[str]:
     s = caption.lower().replace(",", " , ").replace(";", " ; ")
     s = re.sub(r"[.?!]", " ", s)

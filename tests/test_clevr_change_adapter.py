@@ -76,6 +76,13 @@ def test_punctuation_only_caption_is_named_before_evaluation(tmp_path, capsys):
     assert err.strip() == (f"error: {data / 'change_captions.json'}: 'CLEVR_default_000003.png': caption ' ... !' "
                            "has no word (empty or punctuation only)")
     assert not out.exists()
+    # `inspect` reads the tree with the same parser and counts the fault instead of stopping at it
+    from pipeline.datasets.inspect_tree import inspect_tree
+
+    report = inspect_tree("clevr_change", data)
+    assert report["n_warnings"] == 1
+    assert "'CLEVR_default_000003.png': caption ' ... !' has no word" in report["warnings"][0]
+    assert sum(s["empty_captions"] for s in report["splits"].values()) == 1
     # the evaluation says the same of a reference it is given directly, instead of pycocoevalcap's traceback
     with pytest.raises(PipelineError, match=r"references: pair 'a': reference caption '\.\.\.' has no word"):
         score({"a": ["..."], "b": ["a ball changed"]}, {"a": "the cube", "b": "a ball"}, metrics=("CIDEr",))

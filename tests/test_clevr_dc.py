@@ -97,7 +97,7 @@ def test_empty_caption_is_an_error_for_the_manifest_and_a_count_for_inspect(tmp_
     caps = {str(i): [CAPTION_OF[clevr_dc.block_type(i)]] for i in ONE_PER_BLOCK}
     caps["5"] = [" ...", CAPTION_OF["color"], CAPTION_OF["color"].upper()]
     data = make_tree(tmp_path, ONE_PER_BLOCK, captions=caps)
-    with pytest.raises(PipelineError, match=r"captions\.json: index 5 has an empty caption"):
+    with pytest.raises(PipelineError, match=r"captions\.json: index 5: caption .* has no word"):
         clevr_dc.parse(data, source="synthetic")
     report = inspect_tree("clevr_dc", tmp_path, source="synthetic")
     assert report["splits"]["train"]["empty_captions"] == 1

@@ -74,6 +74,7 @@ def test_same_seed_same_pixels_any_worker_count_and_after_a_resume(dc, tmp_path)
     assert world.generate(cut, per_block=PER_BLOCK, seed=0, width=W, height=H, progress=False,
                           max_new_indices=7) is False
     assert not cut.exists() and len(list((tmp_path / "cut.partial" / "meta").iterdir())) == 7
+    (tmp_path / "cut.partial" / "data" / "sc_images" / ".9.png.k1ll3d_9.tmp").write_bytes(b"half a png")
     assert world.generate(cut, per_block=PER_BLOCK, seed=0, width=W, height=H, progress=False)
     assert (cut / "data" / "captions.json").read_bytes() == (dc / "data" / "captions.json").read_bytes()
     assert json.loads((cut / "SYNTHETIC.json").read_text())["pixel_sha256"] == meta["pixel_sha256"]

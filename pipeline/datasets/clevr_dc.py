@@ -23,6 +23,7 @@ import re
 from pathlib import Path
 
 from pipeline.errors import PipelineError
+from pipeline.text import caption_fault
 from pipeline.utils.io import read_json
 
 BLOCK = 8000
@@ -149,19 +150,17 @@ def parse(data_dir: str | Path, source: str, generator_seed: int | None = None, 
             caps = captions.get(str(idx), captions.get(f"{idx:06d}.png"))
             if caps is None:
                 raise PipelineError(f"{cap_path}: no captions for index {idx} (key {str(idx)!r} or {idx:06d}.png, {split})")
-            if not isinstance(caps, list):
-                raise PipelineError(f"{cap_path}: captions of index {idx} are not a list")
             before = _image(bef_dir, idx, data_dir, check_images)
             after = _image(aft_dir, idx, data_dir, check_images)
             for key, folder in ((before, bef_dir), (after, aft_dir)):
                 if key is None:
                     raise PipelineError(f"CLEVR-DC image missing: {folder / f'{idx}.png'} (nor {idx:06d}.png)")
-            bad = [c for c in caps if not isinstance(c, str) or not re.search(r"\w", c)]
-            if not caps or bad:
-                msg = f"{cap_path}: index {idx} has an empty caption list or a caption without words ({bad[:1]})"
+            fault = caption_fault(caps)
+            if fault is not None:
                 if warnings is None:
-                    raise PipelineError(msg)
-                local_warnings.append(msg)
+                    raise PipelineError(f"{cap_path}: index {idx}: {fault}")
+                local_warnings.append(f"{cap_path}: index {idx}: {fault}")
+                caps = caps if isinstance(caps, list) else []
             stated = {t for t in map(caption_type, [c for c in caps if isinstance(c, str)]) if t is not None}
             if stated - {ctype}:
                 local_warnings.append(f"index {idx}: block says {ctype!r}, captions say {sorted(stated)}")

@@ -11,13 +11,13 @@ from __future__ import annotations
 import argparse
 import collections
 import importlib
-import inspect
 import json
 import re
 from pathlib import Path
 
 from pipeline.datasets.manifest import PARSERS
 from pipeline.errors import PipelineError
+from pipeline.text import has_word
 
 SHOWN_WARNINGS = 20
 
@@ -41,7 +41,7 @@ def summarise(records: list[dict]) -> dict:
             "pairs": len(rs),
             "distinct_images": len({r["before"] for r in rs} | {r["after"] for r in rs}),
             "captions": sum(len(c) for c in norm),
-            "empty_captions": sum(1 for c in norm for x in c if not re.search(r"\w", x)),
+            "empty_captions": sum(1 for c in norm for x in c if not has_word(x)),
             "duplicate_captions": sum(len(c) - len(set(c)) for c in norm),
             "types": dict(sorted(collections.Counter(r["change_type"] for r in rs).items())),
         }
@@ -59,11 +59,8 @@ def inspect_tree(dataset: str, root: str | Path, source: str = "auto", check_ima
         source = "synthetic" if prov.is_file() else "official"
     seed = json.loads(prov.read_text())["seed"] if source == "synthetic" and prov.is_file() else None
     parser = importlib.import_module(PARSERS[dataset])
-    kwargs = {"source": source, "generator_seed": seed, "check_images": check_images}
     warnings: list[str] = []
-    if "warnings" in inspect.signature(parser.parse).parameters:
-        kwargs["warnings"] = warnings
-    records = parser.parse(root, **kwargs)
+    records = parser.parse(root, source=source, generator_seed=seed, check_images=check_images, warnings=warnings)
     return {"dataset": dataset, "root": str(root), "source": source, "splits": summarise(records),
             "n_warnings": len(warnings), "warnings": warnings[:SHOWN_WARNINGS]}
 

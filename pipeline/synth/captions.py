@@ -234,6 +234,20 @@ def describe(rng: np.random.Generator, objects, ref: Reference) -> str:
     return phrase
 
 
+def predicate(rng: np.random.Generator, change_type: str, subject: str, new_value: str | None) -> str:
+    """One caption: ``subject`` (a noun phrase) with a random predicate of the change; ``new_value`` is the new
+    colour or material of a color / material change."""
+    # the template is drawn before the value: the worlds' captions depend on the order
+    template = _pick(rng, CHANGE_TEMPLATES[change_type])
+    if change_type == "color":
+        v = new_value
+    elif change_type == "material":
+        v = _pick(rng, MATERIAL_PREDICATE_WORDS[new_value])
+    else:
+        v = ""
+    return template.format(x=subject, v=v)
+
+
 def change_captions(
     rng: np.random.Generator,
     change_type: str,
@@ -257,14 +271,7 @@ def change_captions(
     out: list[str] = []
     for _ in range(max_tries):
         x = describe(rng, objects, _pick(rng, refs))
-        template = _pick(rng, CHANGE_TEMPLATES[change_type])
-        if change_type == "color":
-            v = new_value
-        elif change_type == "material":
-            v = _pick(rng, MATERIAL_PREDICATE_WORDS[new_value])
-        else:
-            v = ""
-        cap = template.format(x=x, v=v)
+        cap = predicate(rng, change_type, x, new_value)
         if cap not in out:
             out.append(cap)
             if len(out) == n:
@@ -356,9 +363,7 @@ def dc_change_captions(rng: np.random.Generator, change_type: str, objects, targ
             x = describe_same_as(rng, objects, _pick(rng, compared))
         else:
             x = describe(rng, objects, _pick(rng, plain))
-        v = (new_value if change_type == "color" else
-             _pick(rng, MATERIAL_PREDICATE_WORDS[new_value]) if change_type == "material" else "")
-        c = _pick(rng, CHANGE_TEMPLATES[change_type]).format(x=x, v=v)
+        c = predicate(rng, change_type, x, new_value)
         if c not in out:
             out.append(c)
             if len(out) == n:

@@ -26,7 +26,7 @@ from pipeline.utils.io import atomic_path, read_json, write_json
 def save_png(path: Path, rgb: np.ndarray) -> None:
     from PIL import Image
 
-    with atomic_path(path) as tmp:
+    with atomic_path(path, sweep=False) as tmp:  # render_world sweeps each folder once, at the end
         Image.fromarray(np.ascontiguousarray(rgb, dtype=np.uint8)).save(tmp, format="PNG")
 
 

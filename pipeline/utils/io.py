@@ -44,14 +44,18 @@ def remove_stale_temporaries(path: str | os.PathLike, suffix: str = "") -> list[
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike, suffix: str = "", sweep: bool = True) -> Iterator[Path]:
     """Yield a temporary path in the target's directory; rename it onto ``path`` on success.
 
-    On an exception the temporary file (or directory) is removed and ``path`` is left untouched.
+    On an exception the temporary file (or directory) is removed and ``path`` is left untouched. ``sweep``
+    first removes a killed writer's temporaries of the same target; that lists the whole directory, so a
+    writer of many files into one folder passes ``sweep=False`` and sweeps the folder once itself
+    (``pipeline.synth.world``: ~20 ms per image among 20,000, against 0.7 ms for the write).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temporaries(path, suffix)
+    if sweep:
+        remove_stale_temporaries(path, suffix)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix + ".tmp", dir=path.parent)
     os.close(fd)
     os.unlink(tmp)  # the caller creates it (file or directory)
