@@ -12,6 +12,6 @@ def feature_batch(b: int, vocab: int = 76, length: int = 24, seed: int = 0) -> d
     lab[:, :, 0] = START
     lab[:, :, 16] = END
     lab[:, :, 17:] = 0
-    return {"before": torch.randn(b, 1024, 14, 14, generator=g), "sc": torch.randn(b, 1024, 14, 14, generator=g),
-            "nsc": torch.randn(b, 1024, 14, 14, generator=g), "pos_labels": lab[0], "neg_labels": lab[1],
+    return {"before": torch.randn(b, 1024, 14, 14, generator=g), "after": torch.randn(b, 1024, 14, 14, generator=g),
+            "distractor": torch.randn(b, 1024, 14, 14, generator=g), "labels": lab[0], "distractor_labels": lab[1],
             "type": torch.zeros(b, dtype=torch.long), "step": torch.tensor(0), "epoch": torch.tensor(0)}

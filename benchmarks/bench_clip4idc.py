@@ -47,7 +47,7 @@ def make_batch(b, device, vocab=80, length=24):
     lab[:, :, 16] = END
     lab[:, :, 17:] = 0
     px = lambda: torch.randint(0, 256, (b, 3, 224, 224), generator=g).float()  # noqa: E731
-    batch = {"before": px(), "sc": px(), "nsc": px(), "pos_labels": lab[0], "neg_labels": lab[1], "text": lab[0]}
+    batch = {"before": px(), "after": px(), "distractor": px(), "labels": lab[0], "distractor_labels": lab[1], "text": lab[0]}
     return {k: v.to(device) for k, v in batch.items()}
 
 
@@ -118,10 +118,10 @@ def main():
         model.captioner.decoder.head.bias[END] = -1e4  # decode all 32 steps, like the official decoder
     dec = make_batch(a.decode_pairs, device)
     with torch.no_grad(), autocast(device):
-        model.generate(dec["before"][:2], dec["sc"][:2], 32)  # warm-up
+        model.generate(dec["before"][:2], dec["after"][:2], 32)  # warm-up
         sync(device)
         t = time.perf_counter()
-        out = model.generate(dec["before"], dec["sc"], 32)
+        out = model.generate(dec["before"], dec["after"], 32)
         sync(device)
         d = time.perf_counter() - t
     assert (out > 0).all()
@@ -133,7 +133,7 @@ def main():
     with torch.no_grad(), autocast(device):
         sync(device)
         t = time.perf_counter()
-        model.encoder(dec["before"], dec["sc"])
+        model.encoder(dec["before"], dec["after"])
         sync(device)
         e = time.perf_counter() - t
     print(f"  one CLIP pass over the {a.decode_pairs} pairs: {e:.2f} s; re-running it at each of 32 steps (official "

@@ -223,8 +223,8 @@ def batches(g):
     grid = lambda n: torch.randn(n, 49, 2048, generator=g).abs()  # noqa: E731 (post-ReLU features)
     as_map = lambda x: x.transpose(1, 2).reshape(x.size(0), 2048, 7, 7)  # noqa: E731
     ours = {
-        "finetune": {"before": as_map(grid(16)), "sc": as_map(grid(16)), "nsc": as_map(grid(16)),
-                     "pos_labels": ours_labels(g, 16), "neg_labels": ours_labels(g, 16)},
+        "finetune": {"before": as_map(grid(16)), "after": as_map(grid(16)), "distractor": as_map(grid(16)),
+                     "labels": ours_labels(g, 16), "distractor_labels": ours_labels(g, 16)},
         "mlm": {"task": torch.tensor(0), "img1": as_map(grid(32)), "img2": as_map(grid(32)), "text": ours_labels(g, 32)},
         "mvcl": {"task": torch.tensor(1), "img1": as_map(grid(32)), "img2": as_map(grid(32)), "text": ours_labels(g, 32)},
         "fda": {"task": torch.tensor(2), "img1": as_map(grid(4)), "img2": as_map(grid(4)),
@@ -297,7 +297,7 @@ def main():
               f"(target >= 1.5x)")
     ours.eval(), off.eval()
     b = ours_b["finetune"]
-    before, after = torch.cat([b["before"], b["before"]]), torch.cat([b["sc"], b["nsc"]])
+    before, after = torch.cat([b["before"], b["before"]]), torch.cat([b["after"], b["distractor"]])
     t = time.perf_counter()
     ours.generate(before, after, 24)
     t_o = time.perf_counter() - t

@@ -45,7 +45,7 @@ def make_batch(backbone: str, b: int, device, seed: int = 0) -> dict:
     batch = feature_batch(b, vocab=VOCAB, seed=seed)
     shape = SHAPES[backbone]
     g = torch.Generator().manual_seed(seed + 1)
-    for k in ("before", "sc", "nsc"):
+    for k in ("before", "after", "distractor"):
         if backbone == "clip_pixels224":  # the pixel cache holds uint8 values, read as float
             batch[k] = torch.randint(0, 256, (b, *shape), generator=g).float()
         else:

@@ -56,7 +56,7 @@ def main():
     print("  anchor (official code, performance-anchors.md): 1.97 s/step, 16.3 pairs/s")
     model.eval()
     t = time.perf_counter()
-    model.generate(batch["before"], batch["sc"], 24)
+    model.generate(batch["before"], batch["after"], 24)
     dt = time.perf_counter() - t
     print(f"greedy decoding of {a.batch} pairs: {dt:.3f} s (anchor 0.60 s for 32 pairs)")
     if a.batch:

@@ -134,7 +134,7 @@ def official_scorer_loss(m, batch):
         return (info_nce(s) + info_nce(s.t())) / 2
 
     loss = 0
-    for aft, labels in ((batch["sc"], batch["pos_labels"]), (batch["nsc"], batch["neg_labels"])):
+    for aft, labels in ((batch["after"], batch["labels"]), (batch["distractor"], batch["distractor_labels"])):
         enc, s1, s2, pre1, pre2 = detector(batch["before"], aft)
         tokens = labels[:, :-1]
         logits, hidden, _, _ = official_decoder(m.decoder, tokens, enc)
@@ -166,7 +166,7 @@ def official_dirl_loss(m, batch):
         return pre1 - x1, pre2 - x2, on + 0.003 * off
 
     loss = 0
-    for aft, labels in ((batch["sc"], batch["pos_labels"]), (batch["nsc"], batch["neg_labels"])):
+    for aft, labels in ((batch["after"], batch["labels"]), (batch["distractor"], batch["distractor_labels"])):
         d1, d2, dirl = detector(batch["before"], aft)
         tokens = labels[:, :-1]
         logits, _, text, visual = official_decoder(m.decoder, tokens, official_seq(m.fuse, torch.cat([d1, d2], -1)))
@@ -240,9 +240,9 @@ def measure(model_id: str, impl: str, batch_size: int, steps: int, threads: int)
         with torch.no_grad(), autocast(torch.device("cpu"), "bf16" if impl == "ours_bf16" else "fp32"):
             t = time.perf_counter()
             if impl.startswith("ours"):
-                model.generate(batch["before"][:n], batch["sc"][:n], 24)
+                model.generate(batch["before"][:n], batch["after"][:n], 24)
             else:
-                official_recompute_decode(model, batch["before"][:n], batch["sc"][:n], 24)
+                official_recompute_decode(model, batch["before"][:n], batch["after"][:n], 24)
             out["decode_s"] = time.perf_counter() - t
             out["decode_pairs"] = n
     return out

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.datasets.clevr_change import NO_CHANGE
+from pipeline.datasets.manifest import NO_CHANGE
 from pipeline.datasets.manifest import load as load_manifest
 from pipeline.engine import autocast, load_checkpoint
 from pipeline.errors import PipelineError

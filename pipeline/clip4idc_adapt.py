@@ -7,8 +7,9 @@ as the official code does), then scores the selected checkpoint once on the test
 Data, as the official ``dataloader_clevr_retrieval.py``: changed pairs only, each with one of its change
 captions drawn at random; with probability ``distractor_swap`` (official 0.5) the before image is replaced by
 the distractor view (still paired with the change caption). Batches come from ``pipeline.data.TrainBatches``
-(a pure function of seed and step); an epoch is one pass over the training pairs (the official one is over
-captions).
+(a pure function of seed and step) with ``changed_only``: on a dataset without distractor partners (plain pairs,
+e.g. CLEVR-DC) the split's changed pairs, without the swap. An epoch is one pass over the training pairs (the
+official one is over captions).
 
 Retrieval protocol, as the official evaluation: queries and candidates are the split's changed pairs and
 *all* their change captions. Text → pair: every caption ranks the pairs. Pair → text: every pair ranks the
@@ -32,7 +33,7 @@ import numpy as np
 import torch
 
 from pipeline.data import TrainBatches
-from pipeline.datasets.clevr_change import NO_CHANGE
+from pipeline.datasets.manifest import NO_CHANGE
 from pipeline.datasets.manifest import load as load_manifest
 from pipeline.engine import (TrainLog, autocast, discard_resume_state, load_checkpoint, resolved_precision,
                              save, train)
@@ -163,11 +164,11 @@ def run(args: argparse.Namespace) -> None:
                                 f"items {store.shape}); run cache-pixels")
         model = CLIP4IDCAdapt(text_vocab_size=tokens.size, eos_id=tokens.eos, text_tokens=mode, **model_hp)
         batches = TrainBatches(split["train"], labels, store, cfg.batch_size, args.seed,
-                               cfg.extra.get("distractor_swap", 0.5))
+                               cfg.extra.get("distractor_swap", 0.5), changed_only=True)
 
         def batch(step):
             b = batches.batch(step)
-            return {"before": b["before"], "sc": b["sc"], "text": tokens(b["pos_labels"]),
+            return {"before": b["before"], "after": b["after"], "text": tokens(b["labels"]),
                     "step": b["step"], "epoch": b["epoch"]}
 
         best: dict = {}
@@ -208,7 +209,7 @@ def run(args: argparse.Namespace) -> None:
             "train_seconds": round(time.time() - t0, 1), "steps_per_s": round(summary["steps_per_s"], 3),
             "device": device.type, "precision": resolved_precision(device, cfg.precision),
             "config": json.loads(args.hparams), "text_tokens": mode,
-            "n_train_triplets": len(batches),
+            "n_train_items": len(batches), "pairing": batches.mode,
         })
     ck.update({"stage": "adapt-clip4idc", "name": args.name, "model_hparams": model_hp, "text_tokens": mode,
                "weights_identity": model.weights_identity})

@@ -1,7 +1,22 @@
 """Batches of features and encoded captions, read from HDF5 one batch at a time (memory stays bounded).
 
-Training batches are a pure function of (seed, step): the sample order of epoch e is a permutation drawn
-from ``default_rng([seed, e])`` and each sample's caption choice and augmentation from
+Training items are image pairs, with an optional distractor partner. How a split's pairs are grouped is read
+from its manifest records, never from the dataset's name (``pairing``):
+
+- **partner mode**: every before image of the split has exactly one changed pair and one ``no_change`` pair
+  (CLEVR-Change: the semantic and the distractor after image of an index). One item per before image: the
+  changed pair, partnered with its distractor pair; the batch adds ``distractor`` and ``distractor_labels``,
+  and half of the time (``distractor_swap``) the distractor view plays the "before" image (DUDA's
+  augmentation).
+- **plain-pair mode**: anything else (CLEVR-DC: one pair per before image, changed or ``no_change``;
+  Spot-the-Diff and Image Editing Request: changed pairs only). One item per pair; a ``no_change`` pair is an
+  ordinary pair whose caption says that nothing changed; no distractor keys, no swap.
+
+A split in which some before images have a changed and a ``no_change`` pair and others do not mixes the two
+shapes: ``PipelineError`` naming a before image of each kind.
+
+Training batches are a pure function of (seed, step): the item order of epoch e is a permutation drawn
+from ``default_rng([seed, e])`` and each item's caption choice and augmentation from
 ``default_rng([seed, step, j])``. A resumed run therefore sees exactly the batches an uninterrupted run
 would, whatever happened before the interruption.
 """
@@ -14,52 +29,92 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pipeline.datasets.clevr_change import CHANGE_TYPES, NO_CHANGE
+from pipeline.datasets.manifest import NO_CHANGE
 from pipeline.errors import PipelineError
 from pipeline.text import Labels
 
-TYPE_IDS = {t: i for i, t in enumerate(CHANGE_TYPES + (NO_CHANGE,))}
+PARTNER, PLAIN = "partner", "plain"
 
 
 @dataclass(frozen=True)
-class Triplet:
-    """One index of a change dataset: before, semantic after, distractor after, and their pairs' ids."""
+class Item:
+    """One training item: a pair (before, after, its id and change type) and, in partner mode, the after image
+    and pair id of its distractor partner (the same before image, no semantic change)."""
 
     before: str
-    sc: str
-    nsc: str
-    pos_pair: str
-    neg_pair: str
+    after: str
+    pair_id: str
     change_type: str
+    distractor: str | None = None
+    distractor_pair: str | None = None
 
 
-def triplets(records: list[dict]) -> list[Triplet]:
-    """Group a split's pairs by their before image: each semantic pair with its distractor pair."""
+def _partnered(pairs: list[dict]) -> bool:
+    """Whether a before image's pairs are one changed pair and one ``no_change`` pair."""
+    return len(pairs) == 2 and sorted(r["change_type"] == NO_CHANGE for r in pairs) == [False, True]
+
+
+def pairing(records: list[dict]) -> str:
+    """``partner`` or ``plain`` for a split's records (see the module docstring); a mixed split raises."""
+    by_before: dict[str, list[dict]] = {}
+    for r in records:
+        by_before.setdefault(r["before"], []).append(r)
+    shapes = {before: _partnered(pairs) for before, pairs in sorted(by_before.items())}
+    if all(shapes.values()) and shapes:
+        return PARTNER
+    if not any(shapes.values()):
+        return PLAIN
+    partnered = next(b for b, p in shapes.items() if p)
+    plain = next(b for b, p in shapes.items() if not p)
+    types = sorted(r["change_type"] for r in by_before[plain])
+    raise PipelineError(f"image {plain}: {len(types)} pair(s) of type(s) {types}, while image {partnered} has a "
+                        f"changed and a {NO_CHANGE} (distractor) pair: a split is either every before image with "
+                        f"one changed and one distractor pair, or plain pairs")
+
+
+def items(records: list[dict], changed_only: bool = False) -> tuple[str, list[Item]]:
+    """The split's training items and its mode, sorted by before image (then pair id) whatever the manifest
+    order. ``changed_only`` drops the ``no_change`` pairs of plain-pair mode (in partner mode every item is a
+    changed pair already)."""
+    mode = pairing(records)
+    if mode == PLAIN:
+        keep = [r for r in records if not (changed_only and r["change_type"] == NO_CHANGE)]
+        return mode, [Item(r["before"], r["after"], r["pair_id"], r["change_type"])
+                      for r in sorted(keep, key=lambda r: (r["before"], r["pair_id"]))]
     by_before: dict[str, dict[str, dict]] = {}
     for r in records:
-        slot = "neg" if r["change_type"] == NO_CHANGE else "pos"
-        by_before.setdefault(r["before"], {})[slot] = r
-    out = []
-    for before in sorted(by_before):
-        g = by_before[before]
-        if "pos" not in g or "neg" not in g:
-            raise PipelineError(f"image {before}: needs both a changed and a distractor pair for training")
-        out.append(Triplet(before, g["pos"]["after"], g["neg"]["after"], g["pos"]["pair_id"],
-                           g["neg"]["pair_id"], g["pos"]["change_type"]))
-    return out
+        by_before.setdefault(r["before"], {})["neg" if r["change_type"] == NO_CHANGE else "pos"] = r
+    return mode, [Item(before, g["pos"]["after"], g["pos"]["pair_id"], g["pos"]["change_type"],
+                       g["neg"]["after"], g["neg"]["pair_id"]) for before, g in sorted(by_before.items())]
+
+
+def type_ids(types) -> dict[str, int]:
+    """Change type -> id: the types in sorted order, ``no_change`` last (when present)."""
+    types = set(types)
+    return {t: i for i, t in enumerate(sorted(types - {NO_CHANGE}) + ([NO_CHANGE] if NO_CHANGE in types else []))}
 
 
 class TrainBatches:
+    """``batch(step)``: the training batch of ``step``, a dict of tensors (``docs/contracts.md``, batches):
+    ``before``, ``after`` ``[B, C, H, W]`` float32, ``labels`` ``[B, L]`` int64 (one caption of the pair),
+    ``type`` ``[B]`` (``self.type_ids``), ``changed`` ``[B]`` bool (the pair's type is not ``no_change``),
+    scalars ``step`` and ``epoch``; in partner mode also ``distractor`` and ``distractor_labels``."""
+
     def __init__(self, records: list[dict], labels: Labels, store, batch_size: int, seed: int,
-                 distractor_swap: float = 0.5):
-        self.items = triplets(records)
+                 distractor_swap: float = 0.5, changed_only: bool = False):
+        self.mode, self.items = items(records, changed_only)
         if not self.items:
-            raise PipelineError("no training triplets")
+            raise PipelineError("no training pairs")
+        self.type_ids = type_ids(it.change_type for it in self.items)
         self.labels, self.store = labels, store
         self.batch_size, self.seed, self.swap = batch_size, seed, distractor_swap
         self._perms: dict[int, np.ndarray] = {}
         self._pool = cf.ThreadPoolExecutor(1)
         self._next: tuple[int, cf.Future] | None = None
+
+    @property
+    def partnered(self) -> bool:
+        return self.mode == PARTNER
 
     def __len__(self) -> int:
         return len(self.items)
@@ -74,35 +129,43 @@ class TrainBatches:
             self._perms = {epoch: perm}
         return perm
 
+    def _caption(self, pair_id: str, rng: np.random.Generator) -> np.ndarray:
+        caps = self.labels.of(pair_id)
+        return caps[rng.integers(len(caps))]
+
     def _load(self, step: int) -> dict:
         n = len(self.items)
         picks = []
         for pos in range(step * self.batch_size, (step + 1) * self.batch_size):
             picks.append(self.items[self._perm(pos // n)[pos % n]])
-        befores, scs, nscs, pos_l, neg_l, types = [], [], [], [], [], []
+        befores, afters, dists, labels, dist_labels = [], [], [], [], []
         for j, it in enumerate(picks):
             rng = np.random.default_rng([self.seed, step, j])
-            pos_caps, neg_caps = self.labels.of(it.pos_pair), self.labels.of(it.neg_pair)
-            pos_l.append(pos_caps[rng.integers(len(pos_caps))])
-            neg_l.append(neg_caps[rng.integers(len(neg_caps))])
-            # DUDA's augmentation: half of the time the distractor view plays the "before" image.
-            if rng.random() < self.swap:
-                befores.append(it.nsc), nscs.append(it.before)
+            labels.append(self._caption(it.pair_id, rng))
+            if self.partnered:
+                dist_labels.append(self._caption(it.distractor_pair, rng))
+                # DUDA's augmentation: half of the time the distractor view plays the "before" image.
+                if rng.random() < self.swap:
+                    befores.append(it.distractor), dists.append(it.before)
+                else:
+                    befores.append(it.before), dists.append(it.distractor)
             else:
-                befores.append(it.before), nscs.append(it.nsc)
-            scs.append(it.sc)
-            types.append(TYPE_IDS[it.change_type])
-        return {
+                befores.append(it.before)
+            afters.append(it.after)
+        out = {
             "before": torch.from_numpy(self.store.get_many(befores)),
-            "sc": torch.from_numpy(self.store.get_many(scs)),
-            "nsc": torch.from_numpy(self.store.get_many(nscs)),
-            "pos_labels": torch.from_numpy(np.stack(pos_l).astype(np.int64)),
-            "neg_labels": torch.from_numpy(np.stack(neg_l).astype(np.int64)),
-            "type": torch.tensor(types),
+            "after": torch.from_numpy(self.store.get_many(afters)),
+            "labels": torch.from_numpy(np.stack(labels).astype(np.int64)),
+            "type": torch.tensor([self.type_ids[it.change_type] for it in picks]),
+            "changed": torch.tensor([it.change_type != NO_CHANGE for it in picks]),
             # Schedules inside a model (e.g. a curriculum, alternating stages) read these.
             "step": torch.tensor(step),
             "epoch": torch.tensor(self.epoch_of(step)),
         }
+        if self.partnered:
+            out["distractor"] = torch.from_numpy(self.store.get_many(dists))
+            out["distractor_labels"] = torch.from_numpy(np.stack(dist_labels).astype(np.int64))
+        return out
 
     def batch(self, step: int) -> dict:
         """The batch of ``step``; the next one is read in the background meanwhile."""

@@ -132,7 +132,8 @@ def run(args: argparse.Namespace) -> None:
             "selection": "greedy decoding, validation CIDEr-D", "train_seconds": round(time.time() - t0, 1),
             "steps_per_s": round(summary["steps_per_s"], 3), "device": device.type,
             "precision": resolved_precision(device, cfg.precision),
-            "config": json.loads(args.hparams), "vocab_size": len(vocab), "n_train_triplets": len(batches),
+            "config": json.loads(args.hparams), "vocab_size": len(vocab), "n_train_items": len(batches),
+            "pairing": batches.mode,
         })
     # The model file carries what decode needs to rebuild the network.
     ck = load_checkpoint(run_dir / "checkpoint.pt")

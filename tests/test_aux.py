@@ -126,8 +126,8 @@ def test_l_aux_reaches_the_captioner_through_the_soft_embeddings():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
     # The soft embeddings are the only link: cut them and the captioner gets nothing from L_aux.
     m.zero_grad(set_to_none=True)
-    probs, lengths = word_distributions(m.primary, batch["before"], batch["sc"], 6)
-    phi = m.aux.encode_images(torch.cat([batch["before"], batch["sc"]]))
+    probs, lengths = word_distributions(m.primary, batch["before"], batch["after"], 6)
+    phi = m.aux.encode_images(torch.cat([batch["before"], batch["after"]]))
     q = m.aux.compose(phi[:4], m.aux.text.soft_embed(probs.detach()), lengths)
     candidate_loss(q, m.aux.candidates(phi), m.sets_for(4, 0, "cpu")).backward()
     assert all(p.grad is None for p in m.primary.parameters())
@@ -214,11 +214,11 @@ def test_stage1_reuses_duda_detector_pass_and_matches_a_fresh_caption():
     h.remove()
     assert len(calls) == 1  # the detector ran once, inside DUDA's own loss
     assert abs(loss.item() - m.primary.training_loss(batch)[0].item()) < 1e-6
-    p2, l2 = word_distributions(m.primary, batch["before"], batch["sc"], 6)
+    p2, l2 = word_distributions(m.primary, batch["before"], batch["after"], 6)
     torch.testing.assert_close(probs, p2)
     assert torch.equal(lengths, l2)
     # P is the distribution of the greedy caption: its argmax is DUDA's decoded caption.
-    words = m.generate(batch["before"], batch["sc"], 6)
+    words = m.generate(batch["before"], batch["after"], 6)
     for i in range(4):
         n = int(lengths[i])
         assert torch.equal(probs[i, :n].argmax(1), words[i, :n])
@@ -233,7 +233,7 @@ def test_word_distributions_in_training_mode_are_those_of_the_greedy_caption():
     m = tiny(primary_model={**DUDA_HP, "dropout": 0.9}).train()
     batch = aux_batch()
     with torch.no_grad():
-        l_bef, l_aft, l_diff = m.primary.detector(batch["before"], [batch["sc"]])[0][:3]
+        l_bef, l_aft, l_diff = m.primary.detector(batch["before"], [batch["after"]])[0][:3]
     probs, lengths = _duda_caption(m.primary, l_bef, l_aft, l_diff, 6)
     assert m.primary.speaker.training
     m.primary.speaker.eval()
@@ -277,7 +277,7 @@ def test_built_through_the_registry_and_decodes_like_its_primary():
     m = build_model("duda_aux_easy", 12, 16, {"primary_model": DUDA_HP, "candidates": "easy", "embed_dim": 16,
                                               "word_dim": 8, "img_hidden": 8}).eval()
     batch = aux_batch()
-    torch.testing.assert_close(m.generate(batch["before"], batch["sc"], 8), m.primary.generate(batch["before"], batch["sc"], 8))
+    torch.testing.assert_close(m.generate(batch["before"], batch["after"], 8), m.primary.generate(batch["before"], batch["after"], 8))
     with pytest.raises(PipelineError, match="auxiliary-training"):
         build_model("duda_aux", 12, 16, {"primary": "duda_aux"})
 

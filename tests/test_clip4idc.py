@@ -35,8 +35,8 @@ def labels(b, vocab, seed, length=9):
 
 
 def triplet_batch(b=3, vocab=20, seed=0):
-    return {"before": pixels(b, seed), "sc": pixels(b, seed + 1), "nsc": pixels(b, seed + 2),
-            "pos_labels": labels(b, vocab, seed), "neg_labels": labels(b, vocab, seed + 1)}
+    return {"before": pixels(b, seed), "after": pixels(b, seed + 1), "distractor": pixels(b, seed + 2),
+            "labels": labels(b, vocab, seed), "distractor_labels": labels(b, vocab, seed + 1)}
 
 
 # ------------------------------------------------------------------------------------------ intra / inter
@@ -201,7 +201,7 @@ def test_infonce_is_the_symmetric_sum_with_a_clamped_learned_temperature(monkeyp
     monkeypatch.setattr(m, "text_embedding", lambda t: g)
     with torch.no_grad():
         m.logit_scale.fill_(math.log(10.0))
-    loss, parts = m.training_loss({"before": None, "sc": None, "text": None})
+    loss, parts = m.training_loss({"before": None, "after": None, "text": None})
     s = 10 * (g @ v.T).numpy()  # [texts, pairs] = [[10, 6], [0, 8]]
     t2i = np.mean([-(s[i, i] - np.log(np.exp(s[i]).sum())) for i in range(2)])
     i2t = np.mean([-(s[i, i] - np.log(np.exp(s[:, i]).sum())) for i in range(2)])
@@ -209,13 +209,13 @@ def test_infonce_is_the_symmetric_sum_with_a_clamped_learned_temperature(monkeyp
     assert abs(loss.item() - (t2i + i2t)) < 1e-5
     with torch.no_grad():
         m.logit_scale.fill_(math.log(1000.0))  # clamped at 100, like CLIP
-    assert abs(m.training_loss({"before": None, "sc": None, "text": None})[1]["temperature"] - 0.01) < 1e-7
+    assert abs(m.training_loss({"before": None, "after": None, "text": None})[1]["temperature"] - 0.01) < 1e-7
 
 
 def test_adaptation_gradients_reach_both_encoders_embeddings_and_temperature():
     torch.manual_seed(0)
     m = CLIP4IDCAdapt(text_vocab_size=20, eos_id=END, clip=SMALL, n_intra=2)
-    loss, _ = m.training_loss({"before": pixels(3, 0), "sc": pixels(3, 1), "text": labels(3, 20, 0)})
+    loss, _ = m.training_loss({"before": pixels(3, 0), "after": pixels(3, 1), "text": labels(3, 20, 0)})
     loss.backward()
     for name in ("encoder.vit.encoder.layers.0.mlp.fc1.weight", "encoder.vit.encoder.layers.3.mlp.fc1.weight",
                  "encoder.before_embedding", "encoder.after_embedding", "encoder.joint_position", "encoder.proj.weight",
@@ -229,8 +229,8 @@ def test_caption_loss_is_the_official_sum_and_gradients_reach_encoder_and_captio
     m = CLIP4IDC(vocab_size=20, clip=SMALL, n_intra=2, **CAP).eval()  # eval: no dropout, to recompute
     batch = triplet_batch()
     loss, parts = m.training_loss(batch)
-    vis = m.encoder(torch.cat([batch["before"], batch["before"]]), torch.cat([batch["sc"], batch["nsc"]]))
-    for lab, vis_i, key in ((batch["pos_labels"], vis[:3], "ce_pos"), (batch["neg_labels"], vis[3:], "ce_neg")):
+    vis = m.encoder(torch.cat([batch["before"], batch["before"]]), torch.cat([batch["after"], batch["distractor"]]))
+    for lab, vis_i, key in ((batch["labels"], vis[:3], "ce_pos"), (batch["distractor_labels"], vis[3:], "ce_neg")):
         logits = m.captioner(vis_i, lab[:, :-1])
         mask = lab[:, 1:] > 0
         ce = F.cross_entropy(logits.reshape(-1, 20), lab[:, 1:].reshape(-1), reduction="none")[mask.reshape(-1)].mean()

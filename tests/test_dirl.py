@@ -59,8 +59,8 @@ def small_batch(b=4, c=12, vocab=13, length=8, seed=1):
     labels[:, :, 0] = START
     labels[:, :, 5] = END
     labels[:, :, 6:] = 0
-    return {"before": torch.randn(b, c, 3, 4, generator=g), "sc": torch.randn(b, c, 3, 4, generator=g),
-            "nsc": torch.randn(b, c, 3, 4, generator=g), "pos_labels": labels[0], "neg_labels": labels[1],
+    return {"before": torch.randn(b, c, 3, 4, generator=g), "after": torch.randn(b, c, 3, 4, generator=g),
+            "distractor": torch.randn(b, c, 3, 4, generator=g), "labels": labels[0], "distractor_labels": labels[1],
             "type": torch.zeros(b, dtype=torch.long), "step": torch.tensor(0), "epoch": torch.tensor(0)}
 
 
@@ -88,12 +88,12 @@ def test_loss_is_the_weighted_sum_and_the_parts_are_the_papers_losses():
     assert math.isclose(loss.item(), 0.5 * p["ce_pos"] + 0.5 * p["ce_neg"] + 0.5 * p["dirl"] + 0.3 * p["ccr"], rel_tol=1e-5)
     # Recompute both auxiliary losses from the model's pieces.
     b = 4
-    x = m.embed(torch.cat([batch["before"], batch["sc"], batch["nsc"]]))
+    x = m.embed(torch.cat([batch["before"], batch["after"], batch["distractor"]]))
     y = m.mlp(x).reshape(3, b * x.size(1), -1)
     dirl = 0.5 * decorrelation_loss(channel_correlation(y[0], y[1])) + 0.5 * decorrelation_loss(channel_correlation(y[0], y[2]))
     assert math.isclose(p["dirl"], dirl.item(), rel_tol=1e-5)
     diff = m.encode(torch.cat([x[:b], x[:b]]), x[b:])
-    labels = torch.cat([batch["pos_labels"], batch["neg_labels"]])
+    labels = torch.cat([batch["labels"], batch["distractor_labels"]])
     out = m.decoder(labels[:, :-1], diff)
     # V-hat is the cross-attention output itself (no residual): recompute it from the last layer's words.
     layer = m.decoder.layers[-1]
@@ -134,7 +134,7 @@ def test_same_seed_same_training_and_decoding():
             loss.backward()
             opt.step()
         m.eval()
-        outs.append((loss.item(), m.generate(small_batch()["before"], small_batch()["sc"], 9)))
+        outs.append((loss.item(), m.generate(small_batch()["before"], small_batch()["after"], 9)))
     assert outs[0][0] == outs[1][0] and torch.equal(outs[0][1], outs[1][1])
 
 
@@ -148,6 +148,6 @@ def test_learns_to_copy_a_caption_and_greedy_stops_at_end():
         loss.backward()
         opt.step()
     m.eval()
-    out = m.generate(batch["before"], batch["sc"], max_len=9)
-    assert torch.equal(out[:, :5], batch["pos_labels"][:, 1:6])
+    out = m.generate(batch["before"], batch["after"], max_len=9)
+    assert torch.equal(out[:, :5], batch["labels"][:, 1:6])
     assert (out[:, 5:] == 0).all()

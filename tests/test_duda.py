@@ -22,8 +22,8 @@ def small_batch(b=4, c=16, vocab=12, length=7):
     labels[:, :, 0] = START
     labels[:, :, 5] = END
     labels[:, :, 6] = 0
-    return {"before": torch.randn(b, c, 4, 4, generator=g), "sc": torch.randn(b, c, 4, 4, generator=g),
-            "nsc": torch.randn(b, c, 4, 4, generator=g), "pos_labels": labels[0], "neg_labels": labels[1],
+    return {"before": torch.randn(b, c, 4, 4, generator=g), "after": torch.randn(b, c, 4, 4, generator=g),
+            "distractor": torch.randn(b, c, 4, 4, generator=g), "labels": labels[0], "distractor_labels": labels[1],
             "type": torch.zeros(b, dtype=torch.long)}
 
 
@@ -65,8 +65,8 @@ def test_learns_to_copy_a_caption_and_greedy_stops_at_end():
         loss.backward()
         opt.step()
     m.eval()
-    out = m.generate(batch["before"], batch["sc"], max_len=10)
-    want = batch["pos_labels"][:, 1:6]  # four words then <END>
+    out = m.generate(batch["before"], batch["after"], max_len=10)
+    want = batch["labels"][:, 1:6]  # four words then <END>
     assert torch.equal(out[:, :5], want)
     assert (out[:, 5:] == 0).all()  # nothing after <END>
 
@@ -77,8 +77,8 @@ def test_speaker_equals_plain_lstm_cells_fed_the_concatenations():
     m = tiny().eval()
     sp = m.speaker
     batch = small_batch()
-    l_bef, l_aft, l_diff, _, _ = m.detector(batch["before"], [batch["sc"]])[0]
-    labels = batch["pos_labels"]
+    l_bef, l_aft, l_diff, _, _ = m.detector(batch["before"], [batch["after"]])[0]
+    labels = batch["labels"]
     got, got_alpha = sp(l_bef, l_diff, l_aft, labels)
     want, want_alpha = reference.speaker(sp, l_bef, l_diff, l_aft, labels)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

@@ -8,7 +8,7 @@ from tests.test_duda import small_batch
 def batch_fn(step):
     g = torch.Generator().manual_seed(1000 + step)  # a pure function of the step, like TrainBatches
     b = small_batch()
-    for k in ("before", "sc", "nsc"):
+    for k in ("before", "after", "distractor"):
         b[k] = torch.randn(b[k].shape, generator=g)
     return b
 

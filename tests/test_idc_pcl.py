@@ -38,8 +38,8 @@ def feats(b, g, c=12, h=3, w=2):
 
 def ft_batch(b=3, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return {"before": feats(b, g), "sc": feats(b, g), "nsc": feats(b, g), "pos_labels": captions(b, g=g),
-            "neg_labels": captions(b, g=g), "type": torch.zeros(b, dtype=torch.long)}
+    return {"before": feats(b, g), "after": feats(b, g), "distractor": feats(b, g), "labels": captions(b, g=g),
+            "distractor_labels": captions(b, g=g), "type": torch.zeros(b, dtype=torch.long)}
 
 
 def pt_batch(task, b=4, seed=0, k=3):
@@ -216,9 +216,9 @@ def test_caption_tokens_never_see_later_tokens_and_visual_tokens_never_see_the_c
     torch.manual_seed(0)
     m = tiny().eval()
     b = ft_batch(2)
-    v = m.visual(b["before"], b["sc"])
+    v = m.visual(b["before"], b["after"])
     nv = v.size(1)
-    t = m.text_input(b["pos_labels"])
+    t = m.text_input(b["labels"])
     t2 = t.clone()
     t2[:, 4] = (t2[:, 4] + 1 - 4) % (V - 4) + 4  # another word at caption position 4
     mask = m.seq2seq_mask(nv, t.size(1), "cpu")
@@ -250,8 +250,8 @@ def test_cached_greedy_equals_recomputing_the_whole_sequence(difference_encoder)
     torch.manual_seed(0)
     m = tiny(difference_encoder=difference_encoder).eval()
     b = ft_batch(3)
-    out, logits = m.greedy(b["before"], b["sc"], 6, return_logits=True)
-    v = m.visual(b["before"], b["sc"])
+    out, logits = m.greedy(b["before"], b["after"], 6, return_logits=True)
+    v = m.visual(b["before"], b["after"])
     nv = v.size(1)
     for t in range(logits.size(1)):
         prefix = torch.cat([torch.full((3, 1), START), out[:, :t], torch.full((3, 1), m.mask_id)], 1)
@@ -268,11 +268,11 @@ def test_every_word_fine_tuning_equals_a_mask_after_each_true_prefix():
     torch.manual_seed(0)
     m = tiny(ft_targets="every", distractor_judging=False).eval()
     batch = ft_batch(3)
-    batch["pos_labels"][1, 4:] = 0  # captions of different lengths
-    batch["pos_labels"][1, 3] = END
+    batch["labels"][1, 4:] = 0  # captions of different lengths
+    batch["labels"][1, 3] = END
     loss, _ = m.training_loss(batch)
-    v = m.visual(torch.cat([batch["before"]] * 2), torch.cat([batch["sc"], batch["nsc"]]))
-    labels = m.trim(torch.cat([batch["pos_labels"], batch["neg_labels"]]))
+    v = m.visual(torch.cat([batch["before"]] * 2), torch.cat([batch["after"], batch["distractor"]]))
+    labels = m.trim(torch.cat([batch["labels"], batch["distractor_labels"]]))
     nv, ces = v.size(1), []
     for i in range(labels.size(0)):
         for j in range(1, labels.size(1)):
@@ -297,8 +297,8 @@ def test_learns_to_write_a_caption_and_stops_at_end(targets):
         loss.backward()
         opt.step()
     m.eval()
-    out = m.generate(batch["before"], batch["sc"], max_len=10)
-    want = batch["pos_labels"][:, 1:7]  # five words then <END>
+    out = m.generate(batch["before"], batch["after"], max_len=10)
+    want = batch["labels"][:, 1:7]  # five words then <END>
     assert torch.equal(out[:, :6], want)
     assert (out[:, 6:] == 0).all()
 

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from pipeline.data import TYPE_IDS
+from pipeline.data import type_ids
 from pipeline.models import build_model
 from pipeline.models.common import CaptionModel
 from pipeline.text import Vocab
@@ -114,10 +114,11 @@ def triplets(kind: str, seed: int = 0) -> dict:
         up = lambda x: (F.interpolate(x / 3.0, scale_factor=8, mode="nearest") * 255).clamp(0, 255)
         noise = 20 * torch.rand(1, 3, 8 * GRID, 8 * GRID, generator=g)  # texture shared by every image
         before, sc, nsc = (up(x) * 0.9 + noise for x in (before, sc, nsc))
-    return {"before": before, "sc": sc, "nsc": nsc,
-            "pos_labels": torch.stack([encode(cap) for cap, _ in CHANGES]),
-            "neg_labels": encode(NO_CHANGE).expand(N, -1).clone(),
-            "type": torch.tensor([TYPE_IDS[t] for _, t in CHANGES])}
+    return {"before": before, "after": sc, "distractor": nsc,
+            "labels": torch.stack([encode(cap) for cap, _ in CHANGES]),
+            "distractor_labels": encode(NO_CHANGE).expand(N, -1).clone(),
+            "type": torch.tensor([type_ids(t for _, t in CHANGES)[t] for _, t in CHANGES]),
+            "changed": torch.ones(N, dtype=torch.bool)}
 
 
 def words(ids: torch.Tensor) -> str:
@@ -140,9 +141,9 @@ def build(method: str) -> CaptionModel:
 
 
 def captioning_ce(parts: dict) -> float:
-    """The captioning cross-entropy among a step's reported parts: ``ce_pos`` + ``ce_neg``, or IDC-PCL's
-    masked-word loss ``mlm``."""
-    return sum(v for k, v in parts.items() if k in ("ce_pos", "ce_neg", "mlm"))
+    """The captioning cross-entropy among a step's reported parts: ``ce_pos`` + ``ce_neg`` (``ce`` on plain
+    pairs), or IDC-PCL's masked-word loss ``mlm``."""
+    return sum(v for k, v in parts.items() if k in ("ce", "ce_pos", "ce_neg", "mlm"))
 
 
 def fit(model: CaptionModel, batch: dict, steps: int, lr: float) -> tuple[list[float], list[float]]:
@@ -184,7 +185,7 @@ class BlindToAfter(CaptionModel):
         self.inner = inner
 
     def training_loss(self, batch):
-        return self.inner.training_loss({**batch, "sc": batch["before"], "nsc": batch["before"]})
+        return self.inner.training_loss({**batch, "after": batch["before"], "distractor": batch["before"]})
 
     def generate(self, before, after, max_len):
         return self.inner.generate(before, before, max_len)
@@ -213,11 +214,11 @@ def overfit_problems(model, batch, curves) -> list[str]:
         problems.append(f"captioning cross-entropy fell only from {ces[0]:.3f} to {mean_last(ces):.3f} (< 10x)")
     if not mean_last(losses) * 5 <= losses[0]:
         problems.append(f"training loss fell only from {losses[0]:.3f} to {mean_last(losses):.3f} (< 5x)")
-    said = decode(model, batch["before"], batch["sc"])
+    said = decode(model, batch["before"], batch["after"])
     hits = sum(s == cap for s, (cap, _) in zip(said, CHANGES))
     if hits < 6:
         problems.append(f"{hits}/8 changed-pair captions reproduced: {said}")
-    null = decode(model, batch["before"], batch["nsc"])
+    null = decode(model, batch["before"], batch["distractor"])
     if sum(s == NO_CHANGE for s in null) < 7:
         problems.append(f"distractor pairs decoded as {null}")
     return problems
@@ -227,9 +228,9 @@ def image_dependence_problems(model, batch) -> list[str]:
     """What shows that the captions do not follow the after image (empty: they do). Pair i is decoded with
     pair j's after image (j = i + 3 mod 8): never pair i's caption if it had learnt it, and pair j's at
     least 5 times out of 8."""
-    own = decode(model, batch["before"], batch["sc"])
+    own = decode(model, batch["before"], batch["after"])
     j = [(i + 3) % N for i in range(N)]
-    swapped = decode(model, batch["before"], batch["sc"][j])
+    swapped = decode(model, batch["before"], batch["after"][j])
     problems = [f"pair {i} with pair {j[i]}'s after image still says {swapped[i]!r}"
                 for i in range(N) if own[i] == CHANGES[i][0] and swapped[i] == own[i]]
     follows = sum(swapped[i] == CHANGES[j[i]][0] for i in range(N))

@@ -145,8 +145,8 @@ def small_batch(b=4, c=12, vocab=13, length=8, seed=1):
     labels[:, :, 0] = START
     labels[:, :, 5] = END
     labels[:, :, 6:] = 0
-    return {"before": torch.randn(b, c, 3, 4, generator=g), "sc": torch.randn(b, c, 3, 4, generator=g),
-            "nsc": torch.randn(b, c, 3, 4, generator=g), "pos_labels": labels[0], "neg_labels": labels[1],
+    return {"before": torch.randn(b, c, 3, 4, generator=g), "after": torch.randn(b, c, 3, 4, generator=g),
+            "distractor": torch.randn(b, c, 3, 4, generator=g), "labels": labels[0], "distractor_labels": labels[1],
             "type": torch.zeros(b, dtype=torch.long), "step": torch.tensor(0), "epoch": torch.tensor(0)}
 
 
@@ -224,7 +224,7 @@ def test_same_seed_same_training_and_decoding():
             loss.backward()
             opt.step()
         m.eval()
-        outs.append((loss.item(), m.generate(small_batch()["before"], small_batch()["sc"], 9)))
+        outs.append((loss.item(), m.generate(small_batch()["before"], small_batch()["after"], 9)))
     assert outs[0][0] == outs[1][0] and torch.equal(outs[0][1], outs[1][1])
 
 
@@ -238,6 +238,6 @@ def test_learns_to_copy_a_caption_and_greedy_stops_at_end():
         loss.backward()
         opt.step()
     m.eval()
-    out = m.generate(batch["before"], batch["sc"], max_len=9)
-    assert torch.equal(out[:, :5], batch["pos_labels"][:, 1:6])  # four words then <END>
+    out = m.generate(batch["before"], batch["after"], max_len=9)
+    assert torch.equal(out[:, :5], batch["labels"][:, 1:6])  # four words then <END>
     assert (out[:, 5:] == 0).all()

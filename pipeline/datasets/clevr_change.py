@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline.datasets.manifest import NO_CHANGE
 from pipeline.errors import PipelineError
 from pipeline.text import caption_fault
 from pipeline.utils.io import read_json
 
 CHANGE_TYPES = ("color", "material", "add", "drop", "move")
-NO_CHANGE = "no_change"
 REQUIRED_FILES = ("change_captions.json", "no_change_captions.json", "splits.json", "type_mapping.json")
 
 # Integrity anchors of the official JSONs (no official checksum exists; see reference/datasets.md §1.2).

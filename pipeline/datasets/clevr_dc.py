@@ -22,13 +22,13 @@ import hashlib
 import re
 from pathlib import Path
 
+from pipeline.datasets.manifest import NO_CHANGE
 from pipeline.errors import PipelineError
 from pipeline.text import caption_fault
 from pipeline.utils.io import read_json
 
 BLOCK = 8000
 BLOCK_TYPES = ("color", "material", "add", "drop", "move", "no_change")
-NO_CHANGE = "no_change"
 BEFORE_DIRS = ("images", "bef")
 AFTER_DIRS = ("sc_images", "aft")
 # The released split.json (hsgkim/clevr-dc @ 47be321): it is json.dumps of the blockwise split, so it can be

@@ -10,6 +10,10 @@ from pathlib import Path
 from pipeline.errors import PipelineError
 from pipeline.utils.io import read_jsonl, write_jsonl
 
+# The change type of a pair whose after image shows no semantic change (a distractor: a viewpoint or lighting
+# change, or the same scene). Every parser writes it; the data layer pairs and counts by it (``pipeline.data``).
+NO_CHANGE = "no_change"
+
 PARSERS = {"clevr_change": "pipeline.datasets.clevr_change", "clevr_dc": "pipeline.datasets.clevr_dc"}
 
 

@@ -41,7 +41,11 @@ Table 4 ablation). The draws use the global torch RNG (seeded by the run, saved 
 
 The retrieval task is posed on the changed pairs only: a distractor pair's "modification" is a viewpoint
 change that its caption ("no change") cannot describe, so (A, "no change") → distractor view is not a
-composed query. Distractor pairs still train the captioner through its own objective.
+composed query. Distractor pairs still train the captioner through its own objective. On plain pairs (a
+dataset without distractor partners, ``pipeline.data``: CLEVR-DC) the same holds: the task is posed on the
+batch's changed pairs (``changed``), its candidates drawn among them, B̂ fed in their rows; ``no_change``
+pairs train the captioner only. A batch with fewer changed pairs than a candidate set needs skips L_aux
+(L_final = (1 − γ)·L_pri; the step logs no ``l_aux``).
 
 Not specified by the paper (our choices, in config): n (default β, Eq. 6's batch), γ (default 0.5), the
 auxiliary network's sizes (TIRG's 512-d space), ``b_hat_min_omega``. ξ is the paper's fixed epoch (Eq. 13),
@@ -146,16 +150,16 @@ def duda_word_distributions(m, before: torch.Tensor, after: torch.Tensor, max_le
 
 
 def duda_loss_and_distributions(m, batch: dict, max_len: int):
-    """DUDA's own objective and the word distributions of its caption of (before, sc), sharing the change
-    detector's pass: the pooled features of the changed pair are taken from the detector call inside
-    ``training_loss`` (a forward hook, checked to have seen exactly this batch's before and sc), so the
+    """DUDA's own objective and the word distributions of its caption of (before, after), sharing the change
+    detector's pass: the pooled features of the pairs are taken from the detector call inside
+    ``training_loss`` (a forward hook, checked to have seen exactly this batch's before and after), so the
     1024×14×14 maps are not attended twice. Falls back to a fresh detector pass if DUDA ever calls it
     differently."""
     seen = []
 
     def hook(_, args, out):
         bef, afts = args
-        if bef is batch["before"] and afts and afts[0] is batch["sc"]:
+        if bef is batch["before"] and afts and afts[0] is batch["after"]:
             seen.append(out[0])
 
     handle = m.detector.register_forward_hook(hook)
@@ -163,7 +167,7 @@ def duda_loss_and_distributions(m, batch: dict, max_len: int):
         loss, parts = m.training_loss(batch)
     finally:
         handle.remove()
-    l_bef, l_aft, l_diff = seen[0][:3] if len(seen) == 1 else m.detector(batch["before"], [batch["sc"]])[0][:3]
+    l_bef, l_aft, l_diff = seen[0][:3] if len(seen) == 1 else m.detector(batch["before"], [batch["after"]])[0][:3]
     return (loss, parts, *_duda_caption(m, l_bef, l_aft, l_diff, max_len))
 
 
@@ -191,13 +195,13 @@ def word_distributions(primary, before, after, max_len):
 
 
 def loss_and_distributions(primary, batch, max_len):
-    """The primary's own objective on the batch and Eq. 3 for its changed pairs (before, sc)."""
+    """The primary's own objective on the batch and Eq. 3 for its pairs (before, after)."""
     if hasattr(primary, "loss_and_distributions"):
         return primary.loss_and_distributions(batch, max_len)
     if type(primary).__name__ in ADAPTERS:
         return ADAPTERS[type(primary).__name__][1](primary, batch, max_len)
     loss, parts = primary.training_loss(batch)
-    return (loss, parts, *word_distributions(primary, batch["before"], batch["sc"], max_len))
+    return (loss, parts, *word_distributions(primary, batch["before"], batch["after"], max_len))
 
 
 def label_embedding_inputs(labels: torch.Tensor):
@@ -249,9 +253,25 @@ class AuxiliaryTraining(CaptionModel):
         loss = (1 - self.gamma) * loss_pri + self.gamma * aux  # Eq. 14
         return loss, {"stage": 1 + step % 2, "hard_set": int(hard), "l_pri": loss_pri.item(), **parts}
 
+    def aux_rows(self, batch, epoch: int) -> tuple[torch.Tensor | None, bool]:
+        """(rows, posed): the batch rows the retrieval task is posed on (None: all of them; partner mode, where
+        every row is a changed pair) and whether it can be posed (plain pairs: enough changed pairs for a
+        candidate set)."""
+        changed = batch.get("changed")
+        if changed is None or bool(changed.all()):
+            return None, True
+        rows = changed.nonzero().squeeze(1)
+        need = self.n_candidates or (2 if self.hard_set(epoch) else 1)  # n, or the changed pairs themselves
+        return rows, len(rows) >= need
+
     def primary_to_auxiliary(self, batch, epoch: int):
-        a, b_img = batch["before"], batch["sc"]
-        loss_pri, parts, probs, lengths = loss_and_distributions(self.primary, batch, batch["pos_labels"].size(1) - 1)
+        rows, posed = self.aux_rows(batch, epoch)
+        a, b_img = batch["before"], batch["after"]
+        loss_pri, parts, probs, lengths = loss_and_distributions(self.primary, batch, batch["labels"].size(1) - 1)
+        if not posed:
+            return loss_pri, loss_pri.new_zeros(()), parts
+        if rows is not None:  # plain pairs: the task is posed on the changed ones
+            a, b_img, probs, lengths = a[rows], b_img[rows], probs[rows], lengths[rows]
         phi = self.aux.encode_images(torch.cat([a, b_img]))
         beta = a.size(0)
         query = self.aux.compose(phi[:beta], self.aux.text.soft_embed(probs), lengths)
@@ -262,9 +282,15 @@ class AuxiliaryTraining(CaptionModel):
         return loss_pri, l_aux, {**parts, "l_aux": l_aux.item(), "aux_r1_generated": acc.item()}
 
     def auxiliary_to_primary(self, batch, epoch: int):
-        a, b_img = batch["before"], batch["sc"]
+        rows, posed = self.aux_rows(batch, epoch)
+        if not posed:
+            loss_pri, parts = self.primary.training_loss(batch)
+            return loss_pri, loss_pri.new_zeros(()), parts
+        a, b_img, labels = batch["before"], batch["after"], batch["labels"]
+        if rows is not None:  # plain pairs: the task is posed on the changed ones
+            a, b_img, labels = a[rows], b_img[rows], labels[rows]
         beta = a.size(0)
-        words, lengths = label_embedding_inputs(batch["pos_labels"])
+        words, lengths = label_embedding_inputs(labels)
         phi = self.aux.encode_images(torch.cat([a, b_img]))
         r = self.aux.compose(phi[:beta], self.aux.text.embed_tokens(words), lengths)  # Eq. 7
         sets = self.sets_for(beta, epoch, a.device)
@@ -274,7 +300,11 @@ class AuxiliaryTraining(CaptionModel):
         omega_b = omega[:, 0].mean().item()
         feed = omega_b >= self.b_hat_min_omega
         after = soft_select(omega, sets, a, b_img).to(b_img.dtype) if feed else b_img  # Eq. 10 on feature maps
-        loss_pri, parts = self.primary.training_loss({**batch, "sc": after})  # Eq. 11
+        if feed and rows is not None:  # B̂ in the changed pairs' rows, the other pairs as they are
+            after = batch["after"].index_copy(0, rows, after)
+        elif rows is not None:
+            after = batch["after"]
+        loss_pri, parts = self.primary.training_loss({**batch, "after": after})  # Eq. 11
         acc = (logits[:, :1] > logits[:, 1:]).all(1).float().mean()
         return loss_pri, l_aux, {**parts, "l_aux": l_aux.item(), "omega_b": omega_b, "b_hat_fed": int(feed),
                                  "aux_r1_gt": acc.item()}

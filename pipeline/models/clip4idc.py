@@ -19,7 +19,8 @@ with the pipeline's word vocabulary. The decoder is the project's shared transfo
 (``pipeline.models.transformer_decoder``, sinusoidal positions, key/value cache): the image pair and the
 captioning encoder run once per batch and each step costs one token (the official greedy decoding re-runs the
 whole model, CLIP included, at every step). Loss per batch, as the official ``main_task_caption.py``: CE(before, semantic
-after, change caption) + CE(before, distractor after, no-change caption), summed.
+after, change caption) + CE(before, distractor after, no-change caption), summed; on plain pairs (a dataset
+without distractor partners, ``pipeline.data``) CE(before, after, caption) of every pair.
 
 CLIP-FT (§2.1, Table 5): the same captioner on a CLIP vision encoder fine-tuned directly from CLIP, each image
 through all 12 layers alone (``n_intra = 12``, no joint positional embedding, no ``ln_mid``). The paper does
@@ -72,7 +73,7 @@ import torch.nn.functional as F
 
 from pipeline.errors import PipelineError
 from pipeline.models.attention import MultiHeadAttention
-from pipeline.models.common import CaptionModel, sequence_ce
+from pipeline.models.common import CaptionModel, ce_parts, group_slices, pair_groups, sequence_ce
 from pipeline.models.transformer_decoder import TransformerDecoder
 from pipeline.text import END, START
 
@@ -551,23 +552,24 @@ class CLIP4IDC(CaptionModel):
         self.weights_identity += ", adapted (retrieval)"
         return [f"encoder.{k}" for k in own]
 
-    def encode_triplet(self, before, sc, nsc) -> torch.Tensor:
-        """F' of (before, sc) and (before, nsc), stacked [2B, 2T, D]; the before image's intra pass is shared."""
+    def encode_pairs(self, before, afters: list) -> torch.Tensor:
+        """F' of (before, after) for each after image of ``afters`` (the pairs, then the distractor partners),
+        stacked [nB, 2T, D]; the before image's intra pass is shared."""
         b = before.size(0)
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.freeze_encoder):
-            h = self.encoder.intra(torch.cat([before, sc, nsc]))
-            hb, hs, hn = h.split(b)
-            return self.encoder.inter(torch.cat([hb, hb]), torch.cat([hs, hn]))
+            h = self.encoder.intra(torch.cat([before, *afters]))
+            hb, *ha = h.split(b)
+            return self.encoder.inter(torch.cat([hb] * len(afters)), torch.cat(ha))
 
     def training_loss(self, batch):
         b = batch["before"].size(0)
-        visual = self.encode_triplet(batch["before"], batch["sc"], batch["nsc"])
-        labels = torch.cat([batch["pos_labels"], batch["neg_labels"]]).long()
+        afters, labels = pair_groups(batch)
+        visual = self.encode_pairs(batch["before"], afters)
         labels = labels[:, :int((labels > 0).sum(1).max())]  # drop all-padding columns
         logits = self.captioner(visual, labels[:, :-1])
-        ce_pos = sequence_ce(logits[:b].float(), labels[:b, 1:])
-        ce_neg = sequence_ce(logits[b:].float(), labels[b:, 1:])
-        return ce_pos + ce_neg, {"ce_pos": ce_pos.item(), "ce_neg": ce_neg.item()}
+        ces = [sequence_ce(logits[sl].float(), labels[sl, 1:]) for sl in group_slices(b, len(afters))]
+        loss = ces[0] if len(ces) == 1 else ces[0] + ces[1]  # summed over a pair and its partner, as released
+        return loss, ce_parts(ces)
 
     @torch.no_grad()
     def generate(self, before, after, max_len: int):
@@ -623,8 +625,8 @@ class CLIP4IDCAdapt(nn.Module):
         return self.logit_scale.clamp(max=self.max_logit_scale).exp() * g @ v.t()
 
     def training_loss(self, batch):
-        """Eq. 6-8 on the batch's changed pairs (before, semantic after) and their change captions ``text``."""
-        v = self.pair_embedding(batch["before"], batch["sc"])
+        """Eq. 6-8 on the batch's changed pairs (before, after) and their change captions ``text``."""
+        v = self.pair_embedding(batch["before"], batch["after"])
         g = self.text_embedding(batch["text"])
         logits = self.similarity(v, g)  # [texts, pairs]
         target = torch.arange(logits.size(0), device=logits.device)

@@ -12,10 +12,12 @@ import torch.nn.functional as F
 class CaptionModel(nn.Module, abc.ABC):
     """Interface the training engine and the decoder rely on.
 
-    ``training_loss(batch) -> (loss, {name: float})`` with the batch of ``pipeline.data.TrainBatches``:
-    ``before``, ``sc`` (semantic after), ``nsc`` (distractor after) features ``[B, C, H, W]``,
-    ``pos_labels`` / ``neg_labels`` ``[B, L]`` (``<START> .. <END>`` padded with 0), ``type`` ``[B]``
-    (``pipeline.data.TYPE_IDS``), and the scalars ``step`` and ``epoch`` (for schedules inside a model).
+    ``training_loss(batch) -> (loss, {name: float})`` with the batch of ``pipeline.data.TrainBatches``
+    (``docs/contracts.md``): ``before`` and ``after`` features ``[B, C, H, W]``, ``labels`` ``[B, L]``
+    (``<START> .. <END>`` padded with 0), ``type`` ``[B]`` (``TrainBatches.type_ids``), ``changed`` ``[B]``
+    bool, the scalars ``step`` and ``epoch`` (for schedules inside a model), and, only when the split pairs
+    each changed pair with a distractor (partner mode), ``distractor`` ``[B, C, H, W]`` and
+    ``distractor_labels`` ``[B, L]``. ``has_partners``, ``pair_groups`` and ``pair_mean`` serve both shapes.
     ``generate(before, after, max_len) -> [B, max_len]`` greedy token ids (0 after ``<END>``).
     """
 
@@ -43,3 +45,33 @@ def sequence_ce(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     mask = targets > 0
     ce = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="none")
     return (ce * mask.reshape(-1)).sum() / mask.sum().clamp(min=1)
+
+
+def has_partners(batch: dict) -> bool:
+    """Whether the batch pairs each changed pair with its distractor partner (``distractor``,
+    ``distractor_labels``: partner mode, ``pipeline.data``); otherwise it holds plain pairs."""
+    return "distractor" in batch
+
+
+def pair_groups(batch: dict) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The batch's after images and captions by group: the pairs, then (partner mode) their distractor
+    partners. Returns ([after] or [after, distractor], labels [B or 2B, L] int64 in the same order)."""
+    if has_partners(batch):
+        return [batch["after"], batch["distractor"]], torch.cat([batch["labels"], batch["distractor_labels"]]).long()
+    return [batch["after"]], batch["labels"].long()
+
+
+def group_slices(b: int, n_groups: int) -> list[slice]:
+    """Row slices of ``n_groups`` groups of ``b`` rows stacked as ``pair_groups`` stacks them."""
+    return [slice(i * b, (i + 1) * b) for i in range(n_groups)]
+
+
+def pair_mean(values: list):
+    """A term over the pairs' groups: itself for plain pairs, 0.5·pairs + 0.5·distractor partners (the weighting
+    of the CLEVR-Change objectives, which average the changed and the distractor pair)."""
+    return values[0] if len(values) == 1 else 0.5 * values[0] + 0.5 * values[1]
+
+
+def ce_parts(ces: list[torch.Tensor]) -> dict:
+    """The logged captioning cross-entropies: ``ce`` (plain pairs), or ``ce_pos`` and ``ce_neg`` (pairs, partners)."""
+    return {"ce": ces[0].item()} if len(ces) == 1 else {"ce_pos": ces[0].item(), "ce_neg": ces[1].item()}

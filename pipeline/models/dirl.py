@@ -19,7 +19,9 @@ InfoNCE loss in both directions (Eq. 14).
 
 Objective (official ``train_clevr_change.py``; λ from §4.6 for CLEVR-Change): 0.5·CE(changed) +
 0.5·CE(distractor) + λ_d·L_dirl + λ_c·L_ccr, each auxiliary loss averaged over the changed and the distractor
-pairs (λ_d = 0.5, λ_c = 0.3 on CLEVR-Change; 0.03 / 0.05 on CLEVR-DC).
+pairs (λ_d = 0.5, λ_c = 0.3 on CLEVR-Change; 0.03 / 0.05 on CLEVR-DC). On plain pairs (CLEVR-DC, a dataset
+without distractor partners, ``pipeline.data``): CE(pair) + λ_d·L_dirl + λ_c·L_ccr over the batch of pairs,
+whatever their change type; no term needs a partner.
 
 Where the official code departs from the paper we follow the paper:
 - CCR's two directions are two InfoNCE losses averaged (Eq. 14); the official code averages the two logit
@@ -46,7 +48,7 @@ import torch
 import torch.nn as nn
 
 from pipeline.models.attention import CrossViewLayer, GridEmbedding
-from pipeline.models.common import CaptionModel, sequence_ce
+from pipeline.models.common import CaptionModel, ce_parts, group_slices, pair_groups, pair_mean, sequence_ce
 from pipeline.models.dropout import Dropout
 from pipeline.models.token_matching import info_nce_both_ways
 from pipeline.models.transformer_decoder import TransformerDecoder, masked_mean
@@ -107,33 +109,32 @@ class Transformer(CaptionModel):
         return self.fuse(torch.cat([bef - sb, aft - sa], -1))  # Eq. 6
 
     def training_loss(self, batch):
-        before, sc, nsc = batch["before"], batch["sc"], batch["nsc"]
+        before = batch["before"]
         b = before.size(0)
-        x_bef, x_sc, x_nsc = self.embed(before), self.embed(sc), self.embed(nsc)
-        x_aft = torch.cat([x_sc, x_nsc])  # changed pairs, then distractor pairs
+        afters, labels = pair_groups(batch)
+        groups = group_slices(b, len(afters))
+        x_bef = self.embed(before)
+        x_afts = [self.embed(a) for a in afters]
+        x_aft = torch.cat(x_afts)  # the pairs, then (partner mode) the distractor pairs
         loss_parts = {}
         aux = 0.0
         if self.decorrelation and self.dirl_weight > 0:
-            # Tokens as samples (all positions of the batch); the before image's projection serves both pairs.
-            y_bef, y_sc, y_nsc = (self.mlp(t).flatten(0, 1) for t in (x_bef, x_sc, x_nsc))
-            losses = [decorrelation_loss(channel_correlation(y_bef, y), self.offdiag_weight) for y in (y_sc, y_nsc)]
-            dirl = 0.5 * losses[0] + 0.5 * losses[1]
+            # Tokens as samples (all positions of the batch); the before image's projection serves all its pairs.
+            y_bef, *y_afts = (self.mlp(t).flatten(0, 1) for t in (x_bef, *x_afts))
+            dirl = pair_mean([decorrelation_loss(channel_correlation(y_bef, y), self.offdiag_weight) for y in y_afts])
             aux = aux + self.dirl_weight * dirl
             loss_parts["dirl"] = dirl.item()
-        diff = self.encode(torch.cat([x_bef, x_bef]), x_aft)
-        labels = torch.cat([batch["pos_labels"], batch["neg_labels"]]).long()
+        diff = self.encode(torch.cat([x_bef] * len(afters)), x_aft)
         tokens = labels[:, :-1]
         out = self.decoder(tokens, diff)
-        ce_pos = sequence_ce(out.logits[:b], labels[:b, 1:])
-        ce_neg = sequence_ce(out.logits[b:], labels[b:, 1:])
-        loss = 0.5 * ce_pos + 0.5 * ce_neg + aux
+        ces = [sequence_ce(out.logits[sl], labels[sl, 1:]) for sl in groups]
+        loss = pair_mean(ces) + aux
         if self.use_ccr and self.ccr_weight > 0:
             words, attended = masked_mean(out.words, tokens), masked_mean(out.attended, tokens)
-            losses = [ccr_loss(words[s], attended[s], self.temperature) for s in (slice(0, b), slice(b, 2 * b))]
-            ccr = 0.5 * losses[0] + 0.5 * losses[1]
+            ccr = pair_mean([ccr_loss(words[sl], attended[sl], self.temperature) for sl in groups])
             loss = loss + self.ccr_weight * ccr
             loss_parts["ccr"] = ccr.item()
-        return loss, {"ce_pos": ce_pos.item(), "ce_neg": ce_neg.item(), **loss_parts}
+        return loss, {**ce_parts(ces), **loss_parts}
 
     @torch.no_grad()
     def generate(self, before, after, max_len: int):

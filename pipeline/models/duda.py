@@ -9,7 +9,9 @@ Dynamic speaker: an attention LSTM reads [u; h_c] with u = embed([l_bef; l_diff;
 soft weights over the three features; a caption LSTM reads [word embedding; attended feature].
 
 Loss (official ``train.py``): 0.5·CE(changed pair) + 0.5·CE(distractor pair) + λ_L1 · Σ(att_bef + att_aft)
-of the changed pair − λ_ent · H(dynamic attention) (λ_ent = 0 by default, as released).
+of the changed pair − λ_ent · H(dynamic attention) (λ_ent = 0 by default, as released). On plain pairs
+(a dataset without distractor partners, ``pipeline.data``): CE(pair) + λ_L1 · Σ(att_bef + att_aft) of every
+pair (a ``no_change`` pair is one of them) − λ_ent · H; nothing else needs a partner.
 Input features get two coordinate channels in [-1, 1] (the official ``AddSpatialInfo``): 1024 → 1026,
 handled analytically in ``ChangeDetector`` rather than by concatenation.
 The official 6-way change-type classifier is omitted: its loss is never used in the released code.
@@ -21,7 +23,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from pipeline.models.common import CaptionModel, sequence_ce
+from pipeline.models.common import CaptionModel, ce_parts, group_slices, pair_groups, pair_mean, sequence_ce
 from pipeline.text import END, START
 
 
@@ -177,24 +179,22 @@ class DUDA(CaptionModel):
         self.entropy_weight = entropy_weight
 
     def training_loss(self, batch):
-        before, sc, nsc = batch["before"], batch["sc"], batch["nsc"]
+        before = batch["before"]
         b = before.size(0)
-        # Changed and distractor pairs share the before image's projection and one speaker pass.
-        pos, neg = self.detector(before, [sc, nsc])
-        l_bef, l_aft, l_diff, att_bef, att_aft = (torch.cat([p, q]) for p, q in zip(pos, neg))
-        labels = torch.cat([batch["pos_labels"], batch["neg_labels"]]).long()
+        afters, labels = pair_groups(batch)
+        # A pair and its distractor partner share the before image's projection and one speaker pass.
+        outs = self.detector(before, afters)
+        l_bef, l_aft, l_diff, att_bef, att_aft = (torch.cat(x) for x in zip(*outs))
         logits, alphas = self.speaker(l_bef, l_diff, l_aft, labels)
-        ce_pos = sequence_ce(logits[:b], labels[:b, 1:])
-        ce_neg = sequence_ce(logits[b:], labels[b:, 1:])
-        l1 = (att_bef[:b].sum((1, 2, 3)) + att_aft[:b].sum((1, 2, 3))).mean()
+        ces = [sequence_ce(logits[s], labels[s, 1:]) for s in group_slices(b, len(afters))]
+        l1 = (att_bef[:b].sum((1, 2, 3)) + att_aft[:b].sum((1, 2, 3))).mean()  # the pairs' maps, not the partners'
         if self.detector.reduce == "mean":  # per cell, as the features: the same L1/CE balance as summing
             l1 = l1 / att_bef[0, 0].numel()
         mask = (labels[:, 1:] > 0).float()
         entropy = -(alphas * torch.log(alphas + 1e-12)).sum(2)
         entropy = (entropy * mask).sum() / mask.sum()
-        loss = 0.5 * ce_pos + 0.5 * ce_neg + self.l1_weight * l1 - self.entropy_weight * entropy
-        return loss, {"ce_pos": ce_pos.item(), "ce_neg": ce_neg.item(), "att_l1": l1.item(),
-                      "dyn_entropy": entropy.item()}
+        loss = pair_mean(ces) + self.l1_weight * l1 - self.entropy_weight * entropy
+        return loss, {**ce_parts(ces), "att_l1": l1.item(), "dyn_entropy": entropy.item()}
 
     @torch.no_grad()
     def generate(self, before, after, max_len: int):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from pipeline.models.common import sequence_ce
+from pipeline.models.common import pair_mean, sequence_ce
 
 
 def detector(det, bef, aft):
@@ -47,12 +47,16 @@ def speaker(sp, l_bef, l_diff, l_aft, labels):
 
 
 def training_loss(model, batch):
-    """The official objective: 0.5·CE(changed) + 0.5·CE(distractor) + λ·L1(maps of the changed pair)."""
+    """The official objective: 0.5·CE(changed) + 0.5·CE(distractor) + λ·L1(maps of the changed pair); on plain
+    pairs CE(pair) + λ·L1(maps of the pair)."""
     losses = []
-    for aft, labels in ((batch["sc"], batch["pos_labels"]), (batch["nsc"], batch["neg_labels"])):
+    groups = [(batch["after"], batch["labels"])]
+    if "distractor" in batch:
+        groups.append((batch["distractor"], batch["distractor_labels"]))
+    for aft, labels in groups:
         l_b, l_a, l_d, a_b, a_a = detector(model.detector, batch["before"], aft)
         logits, _ = speaker(model.speaker, l_b, l_d, l_a, labels)
         losses.append(sequence_ce(logits, labels[:, 1:]))
-        if aft is batch["sc"]:
+        if aft is batch["after"]:
             l1 = (a_b.sum((1, 2, 3)) + a_a.sum((1, 2, 3))).mean()
-    return 0.5 * losses[0] + 0.5 * losses[1] + model.l1_weight * l1
+    return pair_mean(losses) + model.l1_weight * l1

@@ -45,8 +45,11 @@ each query seeing the visual tokens, the true words before it and itself: every 
 exactly the input inference gives it. The paper says only that the MLM task is "adapted" with the
 uni-directional mask and that inference predicts at a [MASK] after the words so far; both modes are that.
 The distractor-judging classifier on [IMG1; IMG2] (changed = 1, distractor = 0) is added unweighted
-(``distractor_judging=False``: Table 4, line 6). Each batch holds a changed and a distractor pair per
-index; the before image is encoded once for both.
+(``distractor_judging=False``: Table 4, line 6). On CLEVR-Change each batch holds a changed and a distractor
+pair per index (partner mode, ``pipeline.data``); the before image is encoded once for both. On plain pairs
+(a dataset without distractor partners) the pairs are captioned alike and the judge classifies each pair as
+changed or ``no_change`` (the batch's ``changed``, CLEVR-DC's distractors), on the batches that hold both kinds:
+a batch of changed pairs only (Spot-the-Diff, Image Editing Request) has nothing to judge, the term is skipped.
 Inference: [CLS] [BOS] w1 … w_{t-1} [MASK], the word predicted at [MASK] is taken (greedy). Visual states and
 the caption tokens' keys/values are cached: caption tokens only ever attend backwards, so each step runs
 only the newest word and the [MASK] through the cross-modal layers, with the same result as re-running all.
@@ -60,7 +63,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from pipeline.models.common import CaptionModel
+from pipeline.models.common import CaptionModel, has_partners, pair_groups
 from pipeline.models.dropout import attention as shared_attention
 from pipeline.models.dropout import dropout as shared_dropout
 from pipeline.models.dropout import keep_mask
@@ -384,12 +387,13 @@ class IDCPCL(CaptionModel):
     def training_loss(self, batch: dict) -> tuple[torch.Tensor, dict]:
         if "task" in batch:
             return self.pretraining_loss(batch)
-        before, sc, nsc = batch["before"], batch["sc"], batch["nsc"]
+        before = batch["before"]
         b = before.size(0)
+        afters, labels = pair_groups(batch)
         s_bef = self.single_image(before, 0)
-        s_aft = self.single_image(torch.cat([sc, nsc]), 1)
-        v = self.pair_images(torch.cat([s_bef, s_bef]), s_aft)
-        labels = self.trim(torch.cat([batch["pos_labels"], batch["neg_labels"]]).long())
+        s_aft = self.single_image(torch.cat(afters), 1)
+        v = self.pair_images(torch.cat([s_bef] * len(afters)), s_aft)
+        labels = self.trim(labels)
         nv = v.size(1)
         if self.ft_targets == "every":
             t, tgt, masked, mask = self.every_word_input(labels, nv)
@@ -404,9 +408,13 @@ class IDCPCL(CaptionModel):
         ce = F.cross_entropy(logits.float(), tgt[masked])
         parts = {"mlm": ce.item()}
         loss = ce
-        if self.distractor_judging:
+        if has_partners(batch):  # each pair is changed (1), each partner a distractor (0)
+            target = torch.cat([torch.ones(b), torch.zeros(b)]).long()
+        else:  # plain pairs: a no_change pair is the distractor; a batch of one kind has nothing to judge
+            target = batch["changed"].long().cpu()
+        if self.distractor_judging and 0 < int(target.sum()) < len(target):
             judged = self.judge(torch.cat([out[:, 0], out[:, 1]], 1)).float()
-            target = torch.cat([torch.ones(b), torch.zeros(b)]).long().to(judged.device)
+            target = target.to(judged.device)
             dj = F.cross_entropy(judged, target)
             loss = loss + dj
             parts.update(dj=dj.item(), dj_acc=(judged.argmax(1) == target).float().mean().item())

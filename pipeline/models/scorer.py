@@ -20,7 +20,9 @@ and no alignment), ``rr`` (vanilla representation reconstruction: SCORER without
 
 Objective (official ``train.py``; weights of the supplementary's trade-off study for CLEVR-Change):
 0.5·CE(changed pair) + 0.5·CE(distractor pair) + λ_s·L_sim + λ_c·L_cbr, each contrastive loss averaged over
-the changed and the distractor pairs' batches (λ_s = 0.1, λ_c = 0.001 on CLEVR-Change).
+the changed and the distractor pairs' batches (λ_s = 0.1, λ_c = 0.001 on CLEVR-Change). On plain pairs (a
+dataset without distractor partners, ``pipeline.data``): CE(pair) + λ_s·L_sim + λ_c·L_cbr over the batch of
+pairs, whatever their change type; no term needs a partner.
 
 Where the official code departs from the paper we follow the paper:
 - MTM matches per head (the official einsum sums the heads first, see ``token_matching``);
@@ -43,7 +45,7 @@ import torch
 import torch.nn as nn
 
 from pipeline.models.attention import CrossViewLayer, GridEmbedding, MultiHeadAttention
-from pipeline.models.common import CaptionModel, sequence_ce
+from pipeline.models.common import CaptionModel, ce_parts, group_slices, pair_groups, pair_mean, sequence_ce
 from pipeline.models.dropout import Dropout
 from pipeline.models.token_matching import info_nce_both_ways, multihead_token_matching
 from pipeline.models.transformer_decoder import TransformerDecoder, masked_mean
@@ -132,34 +134,32 @@ class SCORER(CaptionModel):
         return self.fuse(torch.cat([bef, aft], -1)), qk  # qk: ((q_bef, k_bef), (q_aft, k_aft)) or None
 
     def training_loss(self, batch):
-        before, sc, nsc = batch["before"], batch["sc"], batch["nsc"]
+        before = batch["before"]
         b = before.size(0)
-        x_bef = self.embed(before)  # embedded once for both of its pairs
-        x_aft = torch.cat([self.embed(sc), self.embed(nsc)])  # changed pairs, then distractor pairs
-        x_bef2 = torch.cat([x_bef, x_bef])
+        afters, labels = pair_groups(batch)
+        groups = group_slices(b, len(afters))
+        x_bef = self.embed(before)  # embedded once for all of its pairs
+        x_aft = torch.cat([self.embed(a) for a in afters])  # the pairs, then (partner mode) the distractor pairs
+        x_bef2 = torch.cat([x_bef] * len(afters))
         need_qk = self.contrastive and self.sim_weight > 0
         diff, qk = self.encode(x_bef2, x_aft, return_qk=need_qk)
-        labels = torch.cat([batch["pos_labels"], batch["neg_labels"]]).long()
         tokens = labels[:, :-1]
         out = self.decoder(tokens, diff)
-        ce_pos = sequence_ce(out.logits[:b], labels[:b, 1:])
-        ce_neg = sequence_ce(out.logits[b:], labels[b:, 1:])
-        loss = 0.5 * ce_pos + 0.5 * ce_neg
-        parts = {"ce_pos": ce_pos.item(), "ce_neg": ce_neg.item()}
+        ces = [sequence_ce(out.logits[sl], labels[sl, 1:]) for sl in groups]
+        loss = pair_mean(ces)
+        parts = ce_parts(ces)
         if need_qk:
-            (q_bef, k_bef), (q_aft, k_aft) = qk  # per head [2B, h, N, d]: changed pairs, then distractor pairs
-            sims = []
-            for sl in (slice(0, b), slice(b, 2 * b)):  # changed pairs, distractor pairs: separate batches
-                sims.append(view_invariance_loss(q_bef[sl], k_bef[sl], q_aft[sl], k_aft[sl],
-                                                 _scale(self.logit_scale), self.chunk, self.per_head))
-            sim = 0.5 * sims[0] + 0.5 * sims[1]
+            (q_bef, k_bef), (q_aft, k_aft) = qk  # per head [nB, h, N, d]: the pairs, then the distractor pairs
+            sims = [view_invariance_loss(q_bef[sl], k_bef[sl], q_aft[sl], k_aft[sl], _scale(self.logit_scale),
+                                         self.chunk, self.per_head)
+                    for sl in groups]  # changed pairs, distractor pairs: separate batches
+            sim = pair_mean(sims)
             loss = loss + self.sim_weight * sim
             parts["sim"] = sim.item()
             parts["logit_scale"] = _scale(self.logit_scale).item()
         if self.cbr is not None and self.cbr_weight > 0:
             sentence = masked_mean(out.hidden, tokens)
-            cbrs = [self.cbr(x_bef, sentence[sl], x_aft[sl], self.chunk) for sl in (slice(0, b), slice(b, 2 * b))]
-            cbr = 0.5 * cbrs[0] + 0.5 * cbrs[1]
+            cbr = pair_mean([self.cbr(x_bef, sentence[sl], x_aft[sl], self.chunk) for sl in groups])
             loss = loss + self.cbr_weight * cbr
             parts["cbr"] = cbr.item()
         return loss, parts
