@@ -322,3 +322,53 @@ def test_retrieval_stage_scores_changed_pairs_against_every_image():
         r = out[block]
         assert 0 <= r["R@1"] <= r["R@5"] <= r["R@10"] == 1.0  # 9 images: the target is always in the top 10
         assert 1 <= r["MeanR"] <= 9
+
+
+# ------------------------------------------------------------------------------------------------------ plain pairs
+def plain_batch(changed, step=0, epoch=0):
+    """A batch of plain pairs (no distractor partner, ``pipeline.data``'s plain-pair mode); ``changed`` per row."""
+    batch = aux_batch(step, epoch, b=len(changed))
+    del batch["distractor"], batch["distractor_labels"]
+    batch["changed"] = torch.tensor(changed)
+    return batch
+
+
+def rows_of(batch, rows):
+    """The plain batch of the given rows only."""
+    return {k: (v[rows] if v.dim() else v) for k, v in batch.items()}
+
+
+@pytest.mark.parametrize("step", [0, 1])
+def test_plain_pairs_pose_the_retrieval_task_on_their_changed_pairs_only(step):
+    """On plain pairs (CLEVR-DC) the no_change pairs train the captioner only: L_aux is the one of the batch of
+    the changed pairs alone, and stage 2 feeds B̂ in the changed rows, the other pairs' after images untouched."""
+    changed = [True, False, True, True, False, True]
+    rows = [i for i, c in enumerate(changed) if c]
+    batch = plain_batch(changed, step=step)
+    torch.manual_seed(0)
+    m = tiny().eval()  # no dropout: the only draws are the candidate sets
+    fed = []
+    inner = m.primary.training_loss
+    m.primary.training_loss = lambda b: (fed.append(b["after"]), inner(b))[1]
+    torch.manual_seed(3)
+    _, parts_all = m.training_loss(batch)
+    torch.manual_seed(3)
+    _, parts_changed = m.training_loss(rows_of(batch, rows))
+    assert parts_all["l_aux"] == pytest.approx(parts_changed["l_aux"], abs=1e-6)
+    assert parts_all["l_pri"] != pytest.approx(parts_changed["l_pri"], abs=1e-6)  # all six pairs are captioned
+    if step == 1:
+        assert parts_all["b_hat_fed"] == 1
+        others = [i for i, c in enumerate(changed) if not c]
+        assert torch.equal(fed[0][others], batch["after"][others])
+        torch.testing.assert_close(fed[0][rows], fed[1])
+        assert not torch.equal(fed[0][rows], batch["after"][rows])
+
+
+def test_plain_batch_without_enough_changed_pairs_skips_l_aux():
+    torch.manual_seed(0)
+    m = tiny(gamma=0.3, xi=0).eval()  # the hard set from epoch 0: a candidate set needs 2 changed pairs
+    batch = plain_batch([False, True, False, False], step=0)
+    loss, parts = m.training_loss(batch)
+    assert "l_aux" not in parts
+    assert loss.item() == pytest.approx(0.7 * parts["l_pri"], abs=1e-6)
+    assert parts["l_pri"] == pytest.approx(m.primary.training_loss(batch)[0].item(), abs=1e-6)

@@ -531,3 +531,23 @@ def test_pretrain_stage_writes_a_checkpoint_that_fine_tuning_starts_from(tmp_pat
     summary = json.loads((tmp_path / "run" / "pretrain.json").read_text())
     assert summary["fda_pairs_per_batch"] == 1 and summary["cycle"].count("mlm") == 8
     assert summary["precision"] == "fp32"  # the default `auto` on a CPU, as recorded
+
+
+def test_plain_pairs_judge_changed_against_no_change_pairs():
+    """Without distractor partners (CLEVR-DC) every pair is captioned and the judge classifies each pair as
+    changed (1) or no_change (0); a batch of changed pairs only has nothing to judge (Spot-the-Diff)."""
+    b = ft_batch(b=4)
+    plain = {"before": b["before"], "after": b["after"], "labels": b["labels"], "type": b["type"],
+             "changed": torch.tensor([True, False, True, False])}
+    torch.manual_seed(0)
+    m = tiny().eval()
+    seen = []
+    h = m.judge.register_forward_hook(lambda mod, args, out: seen.append(out))
+    torch.manual_seed(1)
+    _, parts = m.training_loss(plain)
+    h.remove()
+    assert "dj" in parts and "mlm" in parts
+    want = torch.nn.functional.cross_entropy(seen[0].float(), plain["changed"].long())
+    assert parts["dj"] == pytest.approx(want.item(), abs=1e-6)
+    _, parts = m.training_loss({**plain, "changed": torch.ones(4, dtype=torch.bool)})
+    assert "dj" not in parts and "mlm" in parts
