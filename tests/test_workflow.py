@@ -140,6 +140,21 @@ def test_clevr_dc_data_stages_run_through_the_dag(workdir):
         assert f["features"].shape[0] == 240 and f.attrs["complete"]  # every before and after image once
 
 
+def test_clevr_dc_plain_pairs_train_decode_and_score_through_the_generic_rules(workdir):
+    """Issue 13: CLEVR-DC's plain pairs go through the same train / decode_test / evaluate rules as CLEVR-Change's
+    partnered pairs; the data layer read each mode from the manifest."""
+    smk(workdir, "results/clevr_dc/dirl/seed0/metrics.json")
+    run_dir = workdir / "results/clevr_dc/dirl/seed0"
+    run = json.loads((run_dir / "run.json").read_text())
+    assert (run["pairing"], run["n_train_items"]) == ("plain", 102)  # one item per training pair
+    assert json.loads((workdir / "results/clevr_change/duda/seed0/run.json").read_text())["pairing"] == "partner"
+    log = [json.loads(line) for line in (run_dir / "train_log.jsonl").read_text().splitlines()]
+    assert "ce" in log[-1] and "ce_pos" not in log[-1]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["n_pairs"] == 12 and "no_change" in metrics["by_type"]["subset_idf"]
+    assert len(json.loads((run_dir / "predictions_test.json").read_text())) == 12
+
+
 @pytest.mark.parametrize("edit, message", [
     (lambda c: c["methods"]["idc_pcl"].update(init_from="idc_pcl_pretrainn"),
      "methods.idc_pcl.init_from: 'idc_pcl_pretrainn' is not a run under pretraining"),
