@@ -36,7 +36,11 @@ def check_references(config: dict, source: str = "config") -> None:
     config, so a typo stops the run before any job (a wrong ``init_from`` otherwise only shows as a missing
     input, or as nothing to do while stale results stay)."""
     pretraining, methods, datasets = (config.get(k) or {} for k in ("pretraining", "methods", "datasets"))
+    from pipeline.models import lookup
+
     for m, block in methods.items():
+        if lookup(m) is None:  # else training fails with "unknown method" after hours of upstream jobs
+            raise PipelineError(f"{source}: methods.{m}: no model is registered under this id (pipeline/models/__init__.py)")
         init = block.get("init_from")
         if init is not None and init not in pretraining:
             raise PipelineError(f"{source}: methods.{m}.init_from: {init!r} is not a run under pretraining "

@@ -43,3 +43,13 @@ def test_references_between_blocks_are_checked(edit, message):
     edit(cfg)
     with pytest.raises(PipelineError, match=message):
         validate(cfg, source="config")
+
+
+def test_a_method_without_a_model_is_named(monkeypatch):
+    """The schema admits the CLIP4IDC sweep ids by pattern; the model factory must resolve each (the CPU-sized
+    sweep's intra3..6 ids once had no model, found only when its training job started)."""
+    import pipeline.models as models
+
+    monkeypatch.setattr(models, "PATTERNS", [])
+    with pytest.raises(PipelineError, match=r"methods\.clip4idc_frozen_intra3_inter3: no model is registered"):
+        load(ROOT / "config/config.yaml")

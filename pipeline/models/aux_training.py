@@ -216,9 +216,9 @@ class AuxiliaryTraining(CaptionModel):
                  gamma: float = 0.5, n_candidates: int | None = None, xi: int = 30, candidates: str = "curriculum",
                  b_hat_min_omega: float = 0.0):
         super().__init__()
-        from pipeline.models import REGISTRY, build_model
+        from pipeline.models import build_model, lookup
 
-        if REGISTRY.get(primary, ("", ""))[1] == type(self).__name__:
+        if (lookup(primary) or ("", ""))[1] == type(self).__name__:
             raise PipelineError(f"model.primary: {primary!r} is itself an auxiliary-training method")
         if candidates not in CANDIDATE_MODES:
             raise PipelineError(f"model.candidates: {candidates!r}, expected one of {CANDIDATE_MODES}")
