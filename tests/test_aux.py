@@ -173,6 +173,25 @@ def test_captioning_loss_on_b_hat_trains_the_auxiliary_network():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
 
 
+def test_straight_through_selection_feeds_the_argmax_candidate_with_the_soft_gradient():
+    torch.manual_seed(0)
+    omega = torch.softmax(torch.randn(3, 4, dtype=torch.float64), 1).requires_grad_()
+    sets = torch.tensor([[3, 0, 4, 5], [4, 1, 3, 5], [5, 2, 3, 4]])  # pool [A_0..A_2, B_0..B_2]
+    maps = torch.randn(6, 2, 3, 3, dtype=torch.float64)
+    soft, st = tiny(), tiny(selection="straight_through")
+    picked = st.selection_weights(omega)
+    b_hat = soft_select(picked, sets, maps[:3], maps[3:])
+    want = maps[sets[torch.arange(3), omega.argmax(1)]]
+    assert torch.equal(b_hat, want)  # exactly the arg-max candidate's map, no blend
+    g_st = torch.autograd.grad((b_hat * maps[0]).sum(), omega)[0]
+    b_soft = soft_select(soft.selection_weights(omega), sets, maps[:3], maps[3:])
+    g_soft = torch.autograd.grad((b_soft * maps[0]).sum(), omega)[0]
+    torch.testing.assert_close(g_st, g_soft)  # the gradient reaching ω (and the retrieval net) is the soft one
+    assert not torch.equal(b_soft, want)
+    with pytest.raises(PipelineError, match="model.selection"):
+        tiny(selection="hard")
+
+
 def test_stage2_feeds_b_hat_only_once_retrieval_weighs_b_enough():
     batch = aux_batch(step=1)
     for threshold, fed in ((0.0, 1), (1.0, 0)):  # ω_B < 1 always (4 candidates, finite logits)

@@ -63,6 +63,7 @@ from pipeline.models.tirg import TIRG
 from pipeline.text import END, START
 
 CANDIDATE_MODES = ("curriculum", "easy", "hard")
+SELECTIONS = ("soft", "straight_through")
 
 
 def at_least_float32(x: torch.Tensor) -> torch.dtype:
@@ -214,7 +215,7 @@ class AuxiliaryTraining(CaptionModel):
     def __init__(self, vocab_size: int, feat_dim: int, primary: str = "duda", primary_model: dict | None = None,
                  embed_dim: int = 512, word_dim: int = 512, img_hidden: int = 256, text_dropout: float = 0.1,
                  gamma: float = 0.5, n_candidates: int | None = None, xi: int = 30, candidates: str = "curriculum",
-                 b_hat_min_omega: float = 0.0):
+                 b_hat_min_omega: float = 0.0, selection: str = "soft"):
         super().__init__()
         from pipeline.models import build_model, lookup
 
@@ -224,12 +225,14 @@ class AuxiliaryTraining(CaptionModel):
             raise PipelineError(f"model.candidates: {candidates!r}, expected one of {CANDIDATE_MODES}")
         if not 0.0 <= gamma <= 1.0:
             raise PipelineError(f"model.gamma: {gamma} outside [0, 1]")
+        if selection not in SELECTIONS:
+            raise PipelineError(f"model.selection: {selection!r}, expected one of {SELECTIONS}")
         if not 0.0 <= b_hat_min_omega <= 1.0:
             raise PipelineError(f"model.b_hat_min_omega: {b_hat_min_omega} outside [0, 1]")
         self.primary = build_model(primary, vocab_size, feat_dim, dict(primary_model or {}))
         self.aux = TIRG(vocab_size, feat_dim, embed_dim, word_dim, img_hidden, text_dropout)
         self.gamma, self.n_candidates, self.xi, self.mode = gamma, n_candidates, xi, candidates
-        self.b_hat_min_omega = b_hat_min_omega
+        self.b_hat_min_omega, self.selection = b_hat_min_omega, selection
 
     # -- schedule ------------------------------------------------------------------------------------
     def hard_set(self, epoch: int) -> bool:
@@ -281,6 +284,15 @@ class AuxiliaryTraining(CaptionModel):
         acc = (logits[:, :1] > logits[:, 1:]).all(1).float().mean()  # ties count against the model
         return loss_pri, l_aux, {**parts, "l_aux": l_aux.item(), "aux_r1_generated": acc.item()}
 
+    def selection_weights(self, omega: torch.Tensor) -> torch.Tensor:
+        """The weights that form B̂ (Eq. 10). ``soft``: ω itself. ``straight_through`` (our option): the forward
+        pass selects the arg-max candidate exactly (one-hot), the backward pass is ω's, so the captioner reads
+        a real candidate's map instead of a blend (with the hard set, a blend with A weakens B̂ − A)."""
+        if self.selection == "soft":
+            return omega
+        one_hot = F.one_hot(omega.argmax(1), omega.size(1)).to(omega.dtype)
+        return one_hot + (omega - omega.detach())  # the bracket is exactly 0: one_hot is kept bit for bit
+
     def auxiliary_to_primary(self, batch, epoch: int):
         rows, posed = self.aux_rows(batch, epoch)
         if not posed:
@@ -299,7 +311,7 @@ class AuxiliaryTraining(CaptionModel):
         omega = F.softmax(logits, 1)
         omega_b = omega[:, 0].mean().item()
         feed = omega_b >= self.b_hat_min_omega
-        after = soft_select(omega, sets, a, b_img).to(b_img.dtype) if feed else b_img  # Eq. 10 on feature maps
+        after = soft_select(self.selection_weights(omega), sets, a, b_img).to(b_img.dtype) if feed else b_img  # Eq. 10
         if feed and rows is not None:  # B̂ in the changed pairs' rows, the other pairs as they are
             after = batch["after"].index_copy(0, rows, after)
         elif rows is not None:
