@@ -142,3 +142,73 @@ def test_counts_of_files_shaped_like_the_release(tmp_path):
     report = json.loads(out)
     for split, c in sd.OFFICIAL_COUNTS.items():
         assert {k: report["splits"][split][k] for k in c} == c
+
+
+# ---------------------------------------------------------------------------------------------------- fetch
+def _release(tmp_path, monkeypatch, zip_prefix="resized_images/"):
+    """The release served from local files: annotation files and a zip of the images, the module's
+    checksums and counts set to theirs."""
+    import hashlib
+    import zipfile
+
+    from pipeline.datasets import fetch
+
+    src = make_tree(tmp_path / "src")
+    with zipfile.ZipFile(tmp_path / "src" / "resized_images.zip", "w") as zf:
+        for p in sorted((src / "resized_images").iterdir()):
+            zf.write(p, zip_prefix + p.name)
+    rel = dict(fetch.RELEASES["spot_the_diff"])
+    rel["annotations"] = (src / "annotations").as_uri() + "/{split}.json"
+    rel["url"] = (tmp_path / "src" / "resized_images.zip").as_uri()
+    monkeypatch.setitem(fetch.RELEASES, "spot_the_diff", rel)
+    monkeypatch.setattr(sd, "OFFICIAL_SHA256", {s: hashlib.sha256(sd.annotation_path(src, s).read_bytes()).hexdigest()
+                                                for s in sd.SPLITS})
+    monkeypatch.setattr(sd, "OFFICIAL_COUNTS", {s: {k: c[k] for k in ("entries", "distinct_pairs", "sentences",
+                                                                      "empty_sentences")}
+                                                for s, c in sd.source_counts(src, "synthetic").items()})
+    return fetch
+
+
+@pytest.mark.parametrize("zip_prefix", ["resized_images/", ""])
+def test_fetch_downloads_checks_extracts_and_verifies(tmp_path, monkeypatch, zip_prefix):
+    import argparse
+
+    fetch = _release(tmp_path, monkeypatch, zip_prefix)
+    root = tmp_path / "official"
+    fetch.run(argparse.Namespace(dataset="spot_the_diff", root=str(root), no_download=False))
+    rep = json.loads((root / "verified.json").read_text())
+    assert rep["pairs"] == 5 and "warning" not in rep and rep["counts"]["train"]["entries"] == 5
+    assert (root / "data" / "resized_images" / "256_2.png").is_file()
+    assert sorted(p.name for p in (root / "data").iterdir()) == ["annotations", "resized_images"]
+    fetch.run(argparse.Namespace(dataset="spot_the_diff", root=str(root), no_download=True))  # in place: verify
+
+
+def test_fetch_rejects_an_annotation_file_with_another_checksum(tmp_path, monkeypatch):
+    import argparse
+
+    fetch = _release(tmp_path, monkeypatch)
+    monkeypatch.setattr(sd, "OFFICIAL_SHA256", {**sd.OFFICIAL_SHA256, "val": "0" * 64})
+    root = tmp_path / "official"
+    with pytest.raises(PipelineError, match=r"checksum mismatch for .*val\.json"):
+        fetch.run(argparse.Namespace(dataset="spot_the_diff", root=str(root), no_download=False))
+    assert not sd.annotation_path(root / "data", "val").exists() and not (root / "verified.json").exists()
+
+
+def test_fetch_offline_or_refused_says_what_to_place_where(tmp_path, monkeypatch):
+    import argparse
+
+    fetch = _release(tmp_path, monkeypatch)
+    root = tmp_path / "official"
+    with pytest.raises(PipelineError) as e:
+        fetch.run(argparse.Namespace(dataset="spot_the_diff", root=str(root), no_download=True))
+    msg = str(e.value)
+    assert "train.json, val.json, test.json" in msg and str(root / "data" / "annotations") in msg
+    assert "resized_images.zip" in msg and "drive.google.com/file/d/1OVb4_3Uec_xbyUk90aWC6LFpKsIOtR7v" in msg
+    # annotations come, but Drive answers an HTML page instead of the archive
+    page = tmp_path / "refused.html"
+    page.write_text("<html>quota exceeded</html>")
+    monkeypatch.setitem(fetch.RELEASES["spot_the_diff"], "url", page.as_uri())
+    with pytest.raises(PipelineError, match="cannot obtain the official spot_the_diff release"):
+        fetch.run(argparse.Namespace(dataset="spot_the_diff", root=str(root), no_download=False))
+    assert (root / "resized_images.zip.html").is_file() and not (root / "data" / "resized_images").exists()
+    assert all(sd.annotation_path(root / "data", s).is_file() for s in sd.SPLITS)
