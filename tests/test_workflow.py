@@ -111,14 +111,19 @@ def test_unknown_config_key_stops_with_one_clear_message(tmp_path):
     assert "unknown key 'learning_rate' under methods.duda.train" in p.stdout + p.stderr
 
 
-def test_official_source_offline_says_what_to_place_where(tmp_path):
+def _official_offline(tmp_path, dataset):
+    """Snakemake asked for the manifest of ``dataset`` from its official source, downloads disabled."""
     cfg = yaml.safe_load(TEST_CONFIG.read_text())
-    cfg["datasets"]["clevr_change"] = {"source": "official", "official": {"download": False}}
+    cfg["datasets"][dataset] = {"source": "official", "official": {"download": False}}
     c = tmp_path / "official.yaml"
     c.write_text(yaml.safe_dump(cfg))
-    p = smk(tmp_path, "results/clevr_change/manifest.jsonl", config=c, check=False)
+    p = smk(tmp_path, f"results/{dataset}/manifest.jsonl", config=c, check=False)
     assert p.returncode != 0
-    log = (tmp_path / "logs/clevr_change/fetch.log").read_text()
+    return p, (tmp_path / f"logs/{dataset}/fetch.log").read_text()
+
+
+def test_official_source_offline_says_what_to_place_where(tmp_path):
+    p, log = _official_offline(tmp_path, "clevr_change")
     assert "resources/raw/clevr_change/official/clevr_change.tar.gz" in log
     assert not (tmp_path / "resources/raw/clevr_change/official/verified.json").exists()
     # the failed job's log reaches the console (show-failed-logs in the default profile), not only its path
@@ -174,13 +179,7 @@ def test_spot_the_diff_data_stages_run_through_the_dag(workdir):
 
 
 def test_spot_the_diff_official_offline_says_what_to_place_where(tmp_path):
-    cfg = yaml.safe_load(TEST_CONFIG.read_text())
-    cfg["datasets"]["spot_the_diff"] = {"source": "official", "official": {"download": False}}
-    c = tmp_path / "official.yaml"
-    c.write_text(yaml.safe_dump(cfg))
-    p = smk(tmp_path, "results/spot_the_diff/manifest.jsonl", config=c, check=False)
-    assert p.returncode != 0
-    log = (tmp_path / "logs/spot_the_diff/fetch.log").read_text()
+    _, log = _official_offline(tmp_path, "spot_the_diff")
     assert "resources/raw/spot_the_diff/official/resized_images.zip" in log and "train.json, val.json, test.json" in log
     assert not (tmp_path / "resources/raw/spot_the_diff/official/verified.json").exists()
 

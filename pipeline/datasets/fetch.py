@@ -63,19 +63,28 @@ def _placement_message(dataset: str, root: Path) -> str:
             f"(or extract it so that {root / 'data' / 'splits.json'} exists), then run again.")
 
 
-def _extract(archive: Path, root: Path) -> None:
+def _extract(archive: Path, target: Path, top_level_required: bool = True) -> None:
+    """Extract ``archive`` (tar or zip) to the folder ``target``, atomically: a failed extraction leaves no
+    ``target``. The archive holds it as a top-level folder of the same name (required for a tar: CLEVR-Change's
+    ``data/``); a zip without that single folder holds its files at its root (``resized_images.zip``)."""
     # The staging folder is named after atomic_path's temporary (".data.<8>.tmp.x"), so one that a killed
     # extraction left is removed by the next try's atomic_path; one that a failed extraction leaves, here.
     staging = None
     try:
-        with tarfile.open(archive) as tar, atomic_path(root / "data") as tmp:
+        is_zip = zipfile.is_zipfile(archive)
+        with (zipfile.ZipFile(archive) if is_zip else tarfile.open(archive)) as arc, atomic_path(target) as tmp:
             staging = tmp.with_name(tmp.name + ".x")
-            tar.extractall(staging, filter="data")
-            inner = staging / "data"
-            if not inner.is_dir():
-                raise PipelineError(f"{archive}: archive has no top-level data/ folder")
+            if is_zip:
+                arc.extractall(staging)  # zipfile drops absolute paths and ".." itself
+            else:
+                arc.extractall(staging, filter="data")
+            inner = staging / target.name
+            if top_level_required and not inner.is_dir():
+                raise PipelineError(f"{archive}: archive has no top-level {target.name}/ folder")
+            if not top_level_required and not (inner.is_dir() and len(list(staging.iterdir())) == 1):
+                inner = staging
             inner.rename(tmp)
-    except (tarfile.TarError, EOFError, OSError) as e:
+    except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError) as e:
         raise PipelineError(f"{archive}: cannot extract ({e}); delete it and download again") from None
     finally:
         if staging is not None:
@@ -97,24 +106,6 @@ def verify_clevr_change(data: Path) -> dict:
     records = cc.parse(data, source="official")  # raises on a missing image or caption
     report["pairs"] = len(records)
     return report
-
-
-def _extract_zip(archive: Path, folder: Path) -> None:
-    """Extract an image archive so that its files lie directly in ``folder`` (the archive may hold them under a
-    top-level folder of that name or at its root), atomically: a failed extraction leaves no ``folder``."""
-    staging = None
-    try:
-        with zipfile.ZipFile(archive) as zf, atomic_path(folder) as tmp:
-            staging = tmp.with_name(tmp.name + ".x")
-            zf.extractall(staging)
-            inner = staging / folder.name
-            src = inner if inner.is_dir() and len(list(staging.iterdir())) == 1 else staging
-            src.rename(tmp)
-    except (zipfile.BadZipFile, EOFError, OSError) as e:
-        raise PipelineError(f"{archive}: cannot extract ({e}); delete it and download again") from None
-    finally:
-        if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
 
 
 def verify_spot_the_diff(data: Path) -> dict:
@@ -143,31 +134,30 @@ def fetch_spot_the_diff(root: Path, no_download: bool) -> dict:
             raise PipelineError(_placement_message("spot_the_diff", root))
     images = data / sd.IMAGES
     if not images.is_dir():
-        archive = root / rel["archive"]
-        if not archive.is_file():
-            got = None if no_download else try_download(rel["url"], archive, sha256_prefix=rel["archive_sha256"])
-            if got is None:
-                raise PipelineError(_placement_message("spot_the_diff", root))
-            if got.read_bytes()[:2] != b"PK":  # Drive answers an HTML page when it refuses
-                got.rename(got.with_name(got.name + ".html"))
-                raise PipelineError(_placement_message("spot_the_diff", root))
-        _extract_zip(archive, images)
+        _extract(_archive(root, "spot_the_diff", no_download, b"PK"), images, top_level_required=False)
     return verify_spot_the_diff(data)
 
 
+def _archive(root: Path, dataset: str, no_download: bool, magic: bytes) -> Path:
+    """The release's archive at ``root``: placed by hand, or downloaded (resumable); the placement message when
+    neither works. A download that does not start with ``magic`` (Drive answers an HTML page when it refuses)
+    is kept as ``<archive>.html`` for a look, and is the placement message too."""
+    rel = RELEASES[dataset]
+    archive = root / rel["archive"]
+    if not archive.is_file():
+        got = None if no_download else try_download(rel["url"], archive, sha256_prefix=rel["archive_sha256"])
+        if got is None:
+            raise PipelineError(_placement_message(dataset, root))
+        if got.read_bytes()[:len(magic)] != magic:
+            got.rename(got.with_name(got.name + ".html"))
+            raise PipelineError(_placement_message(dataset, root))
+    return archive
+
+
 def fetch_clevr_change(root: Path, no_download: bool) -> dict:
-    rel = RELEASES["clevr_change"]
     data = root / "data"
     if not (data / "splits.json").is_file():
-        archive = root / rel["archive"]
-        if not archive.is_file():
-            got = None if no_download else try_download(rel["url"], archive, sha256_prefix=rel["archive_sha256"])
-            if got is None:
-                raise PipelineError(_placement_message("clevr_change", root))
-            if got.read_bytes()[:2] != b"\x1f\x8b":  # Drive answers an HTML page when it refuses
-                got.rename(got.with_name(got.name + ".html"))
-                raise PipelineError(_placement_message("clevr_change", root))
-        _extract(archive, root)
+        _extract(_archive(root, "clevr_change", no_download, b"\x1f\x8b"), data)
     return verify_clevr_change(data)
 
 
