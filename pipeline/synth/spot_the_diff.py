@@ -10,9 +10,11 @@ parsed by ``pipeline.datasets.spot_the_diff``): ``resized_images/<img_id>.png`` 
 ``<img_id>_diff.jpg`` images are not written (no parser reads them).
 
 The world is a fixed surveillance view of a parking lot (the release's frames are VIRAT parking-lot video):
-a ground plane seen from a camera 10 m up pitched 35 degrees down, painted parking rows either side of a driving lane with a yellow
-arrow, a sidewalk and a building at the back. Objects are simple shaded boxes on the plane, each with a
-ground shadow: cars and trucks (parked in the rows or driving in the lane), people and bags. The two frames
+a ground plane seen from a camera 10 m up pitched 35 degrees down, painted parking rows either side of a
+driving lane with a yellow arrow, a sidewalk and a building at the back. Objects are flat-shaded boxes on the
+plane, painted far to near (a small polygon rasteriser: the CLEVR ray caster's primitives, ``pipeline.synth.
+render``, have CLEVR's fixed proportions, no car-shaped box), each with a ground shadow: cars and trucks
+(parked in the rows or driving in the lane), people and bags. The two frames
 of a pair differ by 1-3 changes (``CHANGES``: an object appears, disappears or moves; a changed object is
 at least half visible in each frame it is in) and by a small illumination change (``ILLUMINATION``: a gain
 and a colour tint on the after frame, sensor noise on both). There are no distractor pairs.
@@ -32,7 +34,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -104,8 +106,7 @@ COLORS = {
 GLASS = (52, 62, 74)
 PANTS = (46, 48, 62)
 SKIN = (196, 150, 120)
-# footprint (length along the heading, width) and parts (from, to along the length as fractions; bottom, top
-# heights in m; "body" or "glass" faces) per kind
+# footprint (length along the heading, width) in metres per kind; the boxes an object is drawn with: ``_parts``
 SIZES = {"car": (4.4, 1.8), "truck": (5.6, 2.1), "person": (0.45, 0.45), "bag": (0.6, 0.4)}
 MIN_VISIBLE_FRACTION = 0.5
 MIN_VISIBLE_PIXELS = 8  # at 224 x 224 (scaled with the image area)
