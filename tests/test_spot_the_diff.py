@@ -107,6 +107,7 @@ def test_missing_annotation_file_and_official_checksum(tmp_path):
     p = subprocess.run([sys.executable, "-m", "pipeline", "inspect", "spot_the_diff", "--root", str(tmp_path)],
                        capture_output=True, text=True)  # no SYNTHETIC.json: official, checksums checked
     assert p.returncode == 2 and "train.json: sha256" in p.stderr and "not the released train.json" in p.stderr
+    assert "bytes, the release's 1327514)" in p.stderr
     (data / "annotations" / "test.json").unlink()
     with pytest.raises(PipelineError, match=r"annotation file missing: .*annotations/test\.json"):
         sd.parse(data, source="synthetic")

@@ -78,7 +78,8 @@ def read_annotations(data_dir: str | Path, source: str) -> dict[str, list[tuple[
             digest = hashlib.sha256(path.read_bytes()).hexdigest()
             if digest != OFFICIAL_SHA256[split]:
                 raise PipelineError(f"{path}: sha256 {digest} is not the released {split}.json's "
-                                    f"({OFFICIAL_SHA256[split]}); re-download it from harsh19/spot-the-diff")
+                                    f"({OFFICIAL_SHA256[split]}; {path.stat().st_size} bytes, the release's "
+                                    f"{OFFICIAL_BYTES[split]}); re-download it from harsh19/spot-the-diff")
         entries = read_json(path)
         if not isinstance(entries, list):
             raise PipelineError(f"{path}: expected a JSON list of {{'img_id', 'sentences'}} objects, "
@@ -92,7 +93,6 @@ def read_annotations(data_dir: str | Path, source: str) -> dict[str, list[tuple[
                 img_id = str(img_id)
             if not isinstance(img_id, str) or not _IMG_ID.match(img_id):
                 raise PipelineError(f"{path}: entry {i}: img_id {e['img_id']!r} is not a non-negative integer")
-            img_id = str(int(img_id))  # one spelling per pair ("007" and "7" are one image)
             sents = e["sentences"]
             if not isinstance(sents, list) or not all(isinstance(s, str) for s in sents):
                 raise PipelineError(f"{path}: entry {i} (img_id {img_id}): 'sentences' is not a list of strings")
@@ -162,7 +162,7 @@ def parse(data_dir: str | Path, source: str, generator_seed: int | None = None, 
         path = annotation_path(data_dir, split)
         merged = merge(splits[split])
         n_empty, empty_ids, no_sentence = 0, [], []
-        for img_id in sorted(merged, key=int):
+        for img_id in sorted(merged, key=lambda i: (int(i), i)):
             sents = merged[img_id]
             kept = [s for s in sents if not is_empty(s)]
             if len(kept) < len(sents):
