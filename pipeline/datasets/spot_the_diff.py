@@ -12,9 +12,10 @@ Quirks of the release, as the papers' "single-change setting" reads it:
 - empty sentences (53 / 6 / 7 in train / val / test) are dropped and counted; a pair left with no sentence
   at all is left out (a warning), it could be neither trained on nor scored;
 - a pair's ``captions`` are all its remaining sentences: each describes one change, so the training data
-  layer's draw of one caption per item and step (``pipeline.data.TrainBatches``) is "one target sentence
-  per training example", and the evaluation scores the one generated sentence per test pair against all of
-  the pair's sentences.
+  layer's draw of one caption per item and step (``pipeline.data.TrainBatches``, uniform over the pair's
+  sentences) is "one target sentence per training example" as CLIP4IDC samples it (VisualRelationships instead
+  makes each sentence its own example, which weights a pair by its number of sentences), and the evaluation
+  scores the one generated sentence per test pair against all of the pair's sentences.
 The release has no change types (and a few "no differences" sentences, on pairs it does not mark): every
 record has ``change_type`` ``"change"`` (``CHANGE``) and no distractor partner.
 
