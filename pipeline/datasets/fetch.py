@@ -148,7 +148,9 @@ def _archive(root: Path, dataset: str, no_download: bool, magic: bytes) -> Path:
         got = None if no_download else try_download(rel["url"], archive, sha256_prefix=rel["archive_sha256"])
         if got is None:
             raise PipelineError(_placement_message(dataset, root))
-        if got.read_bytes()[:len(magic)] != magic:
+        with open(got, "rb") as f:  # the archive may be gigabytes: read its first bytes only
+            head = f.read(len(magic))
+        if head != magic:
             got.rename(got.with_name(got.name + ".html"))
             raise PipelineError(_placement_message(dataset, root))
     return archive
