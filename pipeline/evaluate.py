@@ -23,6 +23,10 @@ CLEVR-style breakdown (see docs/contracts.md, ``metrics.json``):
   references), its per-pair scores averaged over each type's subset. The pair-weighted mean of these over
   all types equals ``total.CIDEr``.
 Every block carries ``n_pairs``; a block with no pairs has ``n_pairs: 0`` and null metrics.
+
+The types come from the records (``split_types``): a split whose types are all CLEVR's six (CLEVR-Change,
+CLEVR-DC) gets a block for each of the six, in ``CHANGE_TYPES`` order, empty ones included; any other split
+(e.g. Spot-the-Diff, whose every pair is ``change``) gets a block per type present, sorted, ``no_change`` last.
 """
 
 from __future__ import annotations
@@ -335,6 +339,15 @@ def _block(gts, res, keys, spice) -> dict:
     return {**score_tokenized(_subset(gts, keys), _subset(res, keys), spice), "n_pairs": len(keys)}
 
 
+def split_types(types: Iterable[str]) -> tuple[str, ...]:
+    """The ``by_type`` blocks of a split with these change types: CLEVR's six (``CHANGE_TYPES``, in that
+    order) when every type is one of them, else the types present, sorted, ``no_change`` last."""
+    present = set(types)
+    if present <= set(CHANGE_TYPES):
+        return CHANGE_TYPES
+    return tuple(sorted(present - {DISTRACTOR})) + ((DISTRACTOR,) if DISTRACTOR in present else ())
+
+
 def evaluate_split(
     records: list[dict],
     predictions: Any,
@@ -357,8 +370,9 @@ def evaluate_split(
         if pid in refs:
             raise PipelineError(f"manifest: duplicate pair_id {pid!r}")
         ctype = r.get("change_type")
-        if ctype not in CHANGE_TYPES:
-            raise PipelineError(f"manifest: pair {pid!r} has change_type {ctype!r}, expected one of {CHANGE_TYPES}")
+        if not isinstance(ctype, str) or not ctype:
+            raise PipelineError(f"manifest: pair {pid!r} has change_type {ctype!r}, expected a non-empty string "
+                                f"(e.g. one of {CHANGE_TYPES})")
         refs[pid] = r.get("captions")
         types[pid] = ctype
     _check_refs(refs, "manifest")
@@ -369,7 +383,7 @@ def evaluate_split(
     spice = spice_per_pair(gts, res, spice_jars) if spice_ok else None
 
     ids = list(refs)
-    by_type_ids = {t: [k for k in ids if types[k] == t] for t in CHANGE_TYPES}
+    by_type_ids = {t: [k for k in ids if types[k] == t] for t in split_types(types.values())}
     global_cider = cider_per_pair(gts, res)
     splits = {r.get("split") for r in records}
     out: dict[str, Any] = {
@@ -378,7 +392,7 @@ def evaluate_split(
         "spice": spice_note,
         "total": _block(gts, res, ids, spice),
         "semantic": _block(gts, res, [k for k in ids if types[k] != DISTRACTOR], spice),
-        "distractor": _block(gts, res, by_type_ids[DISTRACTOR], spice),
+        "distractor": _block(gts, res, [k for k in ids if types[k] == DISTRACTOR], spice),
         "by_type": {"subset_idf": {}, "global_idf": {}},
     }
     for t, keys in by_type_ids.items():

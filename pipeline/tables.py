@@ -7,7 +7,8 @@ Stage: ``python -m pipeline table --dataset clevr_change --runs DIR [DIR ...] --
 - ``<stem>.csv``: whole test split: BLEU-4, METEOR, ROUGE-L, CIDEr(-D), SPICE;
 - ``<stem>_by_type.csv``: CIDEr per change type (Color, Texture = material, Add, Drop, Move,
   Distractor = no_change), re-scored on each type's subset (the papers' convention) and, in the
-  ``(global IDF)`` columns, with document frequencies from the whole split;
+  ``(global IDF)`` columns, with document frequencies from the whole split; a dataset with other types
+  (Spot-the-Diff: every pair ``change``) gets one column per type its metrics hold (``type_columns``);
 - ``<stem>_pairs.csv``: changed-pairs-only and distractor-pairs-only scores (the aux paper's Table 2).
 
 Rows: one per reproduced method, then one per sanity baseline (mean and sample std, ddof=1, over its seeds;
@@ -348,17 +349,34 @@ def total_rows(groups: list[Group], dataset: str, paper_methods: Sequence[str], 
     return rows
 
 
-def by_type_rows(groups: list[Group], dataset: str, paper_methods: Sequence[str], notes: Footnotes | None = None) -> list[dict]:
+def type_columns(groups: list[Group]) -> dict[str, str]:
+    """The by-type table's columns (column -> change type): the papers' six CLEVR columns
+    (``paper_numbers.TYPE_TO_CHANGE``) when the runs' metrics hold no other type (CLEVR-Change, CLEVR-DC),
+    else one column per type they hold, named by the type, in ``evaluate.split_types`` order (Spot-the-Diff:
+    ``change``)."""
+    from pipeline.evaluate import split_types
+
+    present = {t for g in groups for m in g.metrics for t in (_get(m, ["by_type", "subset_idf"]) or {})}
+    if present <= set(pn.TYPE_TO_CHANGE.values()):
+        return dict(pn.TYPE_TO_CHANGE)
+    return {t: t for t in split_types(present)}
+
+
+def by_type_rows(groups: list[Group], dataset: str, paper_methods: Sequence[str], notes: Footnotes | None = None,
+                 columns: dict[str, str] | None = None) -> list[dict]:
     notes = notes or Footnotes()
+    columns = columns or type_columns(groups)
     rows = []
     for g in groups:
         row = _group_info(g, dataset, notes)
-        for col, t in pn.TYPE_TO_CHANGE.items():
+        for col, t in columns.items():
             row[col] = mean_std(_get(m, ["by_type", "subset_idf", t, "CIDEr"]) for m in g.metrics)
-        for col, t in pn.TYPE_TO_CHANGE.items():
+        for col, t in columns.items():
             row[f"{col} (global IDF)"] = mean_std(_get(m, ["by_type", "global_idf", t, "CIDEr"]) for m in g.metrics)
-        row["n_pairs"] = " ".join(f"{t}:{_n_pairs(g, ['by_type', 'subset_idf', t])}" for t in pn.TYPE_TO_CHANGE.values())
+        row["n_pairs"] = " ".join(f"{t}:{_n_pairs(g, ['by_type', 'subset_idf', t])}" for t in columns.values())
         rows.append(row)
+    if columns != pn.TYPE_TO_CHANGE:  # the papers' by-type numbers are CLEVR's six types
+        return rows
     for r in pn.rows(dataset, "by_type", _wanted(groups, paper_methods), metric="CIDEr"):
         row = {**_paper_info(r, notes), "n_pairs": ""}
         for col in pn.TYPE_TO_CHANGE:
@@ -586,13 +604,16 @@ def write_tables(groups: list[Group], dataset: str, out: str | Path, paper_metho
     _write_text(path(".md"), md)
     written += [path(".csv"), path(".md")]
 
-    bt = by_type_rows(groups, dataset, paper_methods, notes)
-    sub_cols = list(pn.TYPE_TO_CHANGE)
-    glob_cols = [f"{c} (global IDF)" for c in pn.TYPE_TO_CHANGE]
+    type_cols = type_columns(groups)
+    bt = by_type_rows(groups, dataset, paper_methods, notes, type_cols)
+    sub_cols = list(type_cols)
+    glob_cols = [f"{c} (global IDF)" for c in type_cols]
     write_csv(path("_by_type.csv"), bt, sub_cols + glob_cols)
+    legend = ("Texture = `material`, Distractor = `no_change` pairs. " if type_cols == pn.TYPE_TO_CHANGE else
+              "The change types are the manifest's (this dataset has none of CLEVR's). ")
     md = (
         f"# {name}: CIDEr by change type\n\n{_PREAMBLE}\n"
-        "Texture = `material`, Distractor = `no_change` pairs. " + _pairs_line(bt, "Test pairs per type") + "\n"
+        + legend + _pairs_line(bt, "Test pairs per type") + "\n"
         "## Re-scored on each type's subset (document frequencies from that subset: the papers' convention)\n\n"
         + md_table(bt, sub_cols, info=MD_INFO_SHORT)
         + "\n## Document frequencies from the whole split (per-pair CIDEr-D averaged over each type)\n\n"

@@ -31,6 +31,24 @@ rule synth_clevr_dc:
         "--seed {params.cfg[seed]} --workers {threads} --no-progress > {log} 2>&1"
 
 
+rule synth_spot_the_diff:
+    """Render the synthetic Spot-the-Diff world (a parking lot) in the release's layout (resumable)."""
+    output:
+        directory("resources/raw/spot_the_diff/synthetic"),
+    params:
+        cfg=lambda w: sorted_cfg({"size": 224, "split_fractions": [0.76, 0.13, 0.11],
+                                  **dataset_cfg("spot_the_diff")["synthetic"]}),
+    threads: lambda w: dataset_cfg("spot_the_diff")["synthetic"].get("workers", 1)
+    log:
+        "logs/spot_the_diff/synth.log",
+    benchmark:
+        "logs/benchmarks/spot_the_diff/synth.tsv"
+    shell:
+        "python -m pipeline synth-spot-the-diff --out {output} --n-pairs {params.cfg[n_pairs]} "
+        "--seed {params.cfg[seed]} --split-fractions {params.cfg[split_fractions]} "
+        "--size {params.cfg[size]} --workers {threads} --no-progress > {log} 2>&1"
+
+
 rule fetch_official:
     """Download the official release, or verify a copy placed by hand (message says what goes where)."""
     output:

@@ -119,9 +119,29 @@ def test_prediction_id_errors(preds, needle):
     assert "runs/x/predictions_test.json" in str(e.value)
 
 
-def test_unknown_change_type_rejected():
-    with pytest.raises(PipelineError, match="change_type 'texture'"):
-        ev.evaluate_split([_rec("000001.png", "texture", ["a"])], [{"image_id": "000001.png", "caption": "a"}])
+@pytest.mark.parametrize("ctype", [None, "", 3])
+def test_missing_change_type_rejected(ctype):
+    with pytest.raises(PipelineError, match=f"pair '000001.png' has change_type {ctype!r}"):
+        ev.evaluate_split([_rec("000001.png", ctype, ["a"])], [{"image_id": "000001.png", "caption": "a"}])
+
+
+def test_split_types_clevr_six_or_the_types_present():
+    assert ev.split_types(["color", "move"]) == ev.CHANGE_TYPES  # CLEVR-Change, CLEVR-DC: all six blocks
+    assert ev.split_types(["no_change"]) == ev.CHANGE_TYPES
+    assert ev.split_types(["change", "change"]) == ("change",)  # Spot-the-Diff
+    assert ev.split_types(["texture", "no_change", "color"]) == ("color", "texture", "no_change")
+
+
+@needs_java
+def test_evaluate_split_on_a_dataset_without_clevr_types():
+    recs = [_rec("256", "change", ["the white car is gone", "a person walked in"]),
+            _rec("12", "change", ["the red car moved"])]
+    m = ev.evaluate_split(recs, [{"image_id": "256", "caption": "the white car is gone"},
+                                 {"image_id": "12", "caption": "the red car moved"}])
+    assert list(m["by_type"]["subset_idf"]) == ["change"] and list(m["by_type"]["global_idf"]) == ["change"]
+    assert m["by_type"]["subset_idf"]["change"]["n_pairs"] == 2 and m["semantic"]["n_pairs"] == 2
+    assert m["distractor"]["n_pairs"] == 0 and m["distractor"]["CIDEr"] is None
+    assert m["by_type"]["subset_idf"]["change"]["CIDEr"] == pytest.approx(m["total"]["CIDEr"])
 
 
 def test_spice_status_without_jars(tmp_path):

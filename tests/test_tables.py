@@ -297,3 +297,29 @@ def test_retrieval_table_shares_the_compact_columns_and_notes(tmp_path):
     caveat = notes[ours["notes"]]
     assert "not comparable to the paper rows" in caveat and "CLIP random(seed=0)" in caveat
     assert out.with_suffix(".md").read_text().count(caveat) == 1
+
+
+def test_by_type_table_of_a_dataset_without_clevr_types(tmp_path):
+    """Spot-the-Diff's pairs are all ``change``: one column per type its metrics hold, no paper by-type rows;
+    CLEVR's metrics keep the six paper columns."""
+    runs = []
+    for seed, cider in ((0, 1.0), (1, 1.2)):
+        d = _run(tmp_path, "duda", seed, "reproduced", cider=cider, dataset="spot_the_diff")
+        m = json.loads((d / "metrics.json").read_text())
+        m["by_type"] = {"subset_idf": {"change": _block(cider, n=20)},
+                        "global_idf": {"change": {"CIDEr": cider, "n_pairs": 20}}}
+        write_json(d / "metrics.json", m)
+        runs.append(d)
+    out = tmp_path / "tables" / "spot_the_diff.csv"
+    assert main(["table", "--dataset", "spot_the_diff", "--runs", *map(str, runs), "--out", str(out)]) == 0
+    bt = _read(out.parent / "spot_the_diff_by_type.csv")
+    assert [(r["method"], r["kind"]) for r in bt] == [("duda", "reproduced")]
+    assert bt[0]["change"] == "110.0" and bt[0]["change (global IDF)"] == "110.0" and "Color" not in bt[0]
+    assert bt[0]["n_pairs"] == "change:20"
+    md = (out.parent / "spot_the_diff_by_type.md").read_text()
+    assert "Texture = `material`" not in md and "| seeds | change | notes |" in md
+    assert "| seeds | change (global IDF) | notes |" in md
+    groups = tables.load_runs(runs, "spot_the_diff")
+    assert tables.type_columns(groups) == {"change": "change"}
+    clevr = tables.load_runs([_run(tmp_path / "c", "duda", 0, "reproduced", cider=1.0)], "clevr_change")
+    assert tables.type_columns(clevr) == pn.TYPE_TO_CHANGE

@@ -111,14 +111,19 @@ def test_unknown_config_key_stops_with_one_clear_message(tmp_path):
     assert "unknown key 'learning_rate' under methods.duda.train" in p.stdout + p.stderr
 
 
-def test_official_source_offline_says_what_to_place_where(tmp_path):
+def _official_offline(tmp_path, dataset):
+    """Snakemake asked for the manifest of ``dataset`` from its official source, downloads disabled."""
     cfg = yaml.safe_load(TEST_CONFIG.read_text())
-    cfg["datasets"]["clevr_change"] = {"source": "official", "official": {"download": False}}
+    cfg["datasets"][dataset] = {"source": "official", "official": {"download": False}}
     c = tmp_path / "official.yaml"
     c.write_text(yaml.safe_dump(cfg))
-    p = smk(tmp_path, "results/clevr_change/manifest.jsonl", config=c, check=False)
+    p = smk(tmp_path, f"results/{dataset}/manifest.jsonl", config=c, check=False)
     assert p.returncode != 0
-    log = (tmp_path / "logs/clevr_change/fetch.log").read_text()
+    return p, (tmp_path / f"logs/{dataset}/fetch.log").read_text()
+
+
+def test_official_source_offline_says_what_to_place_where(tmp_path):
+    p, log = _official_offline(tmp_path, "clevr_change")
     assert "resources/raw/clevr_change/official/clevr_change.tar.gz" in log
     assert not (tmp_path / "resources/raw/clevr_change/official/verified.json").exists()
     # the failed job's log reaches the console (show-failed-logs in the default profile), not only its path
@@ -153,6 +158,30 @@ def test_clevr_dc_plain_pairs_train_decode_and_score_through_the_generic_rules(w
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["n_pairs"] == 12 and "no_change" in metrics["by_type"]["subset_idf"]
     assert len(json.loads((run_dir / "predictions_test.json").read_text())) == 12
+
+
+def test_spot_the_diff_data_stages_run_through_the_dag(workdir):
+    """Spot-the-Diff's data stages (issue 14): synthetic parking lot -> manifest -> text and features through the
+    generic rules; one record per distinct img_id, every sentence of its entries a reference."""
+    smk(workdir, "results/spot_the_diff/manifest.jsonl", "results/spot_the_diff/text/vocab.json",
+        "results/spot_the_diff/features/resnet101_layer3.h5")
+    recs = [json.loads(line) for line in (workdir / "results/spot_the_diff/manifest.jsonl").read_text().splitlines()]
+    assert len(recs) == 30 and {r["change_type"] for r in recs} == {"change"}
+    assert recs[0]["before"] == f"resized_images/{recs[0]['pair_id']}.png"
+    report = inspect_tree("spot_the_diff", workdir / "resources/raw/spot_the_diff/synthetic")
+    meta = json.loads((workdir / "resources/raw/spot_the_diff/synthetic/SYNTHETIC.json").read_text())
+    for split, counts in meta["counts"].items():
+        assert report["splits"][split]["distinct_pairs"] == counts["distinct_pairs"] == report["splits"][split]["pairs"]
+        assert report["splits"][split]["captions"] == counts["sentences"] - counts["empty_sentences"]
+    assert {"car", "person", "gone"} <= set(json.loads((workdir / "results/spot_the_diff/text/vocab.json").read_text())["itow"])
+    with h5py.File(workdir / "results/spot_the_diff/features/resnet101_layer3.h5") as f:
+        assert f["features"].shape[0] == 60 and f.attrs["complete"]
+
+
+def test_spot_the_diff_official_offline_says_what_to_place_where(tmp_path):
+    _, log = _official_offline(tmp_path, "spot_the_diff")
+    assert "resources/raw/spot_the_diff/official/resized_images.zip" in log and "train.json, val.json, test.json" in log
+    assert not (tmp_path / "resources/raw/spot_the_diff/official/verified.json").exists()
 
 
 @pytest.mark.parametrize("edit, message", [

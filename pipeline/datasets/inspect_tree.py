@@ -4,6 +4,10 @@ Reads an official or synthetic tree with the same parser the ``manifest`` stage 
 split the pairs, distinct images, captions, empty captions (no word character), duplicate captions (a repeat
 of an earlier caption of the same pair, case and spacing ignored) and pairs per change type; then the parser's
 warnings (the first 20, and how many). A structural fault is the parser's one error message, exit status 2.
+
+A parser whose release holds more than its records say (entries merged into one pair, sentences dropped:
+Spot-the-Diff) may define ``source_counts(data_dir, source) -> {split: {name: int}}``: those counts are added
+to each split's summary (``pairs`` stays the number of manifest records).
 """
 
 from __future__ import annotations
@@ -61,7 +65,11 @@ def inspect_tree(dataset: str, root: str | Path, source: str = "auto", check_ima
     parser = importlib.import_module(PARSERS[dataset])
     warnings: list[str] = []
     records = parser.parse(root, source=source, generator_seed=seed, check_images=check_images, warnings=warnings)
-    return {"dataset": dataset, "root": str(root), "source": source, "splits": summarise(records),
+    splits = summarise(records)
+    if hasattr(parser, "source_counts"):
+        for split, counts in parser.source_counts(root, source).items():
+            splits.setdefault(split, {}).update(counts)
+    return {"dataset": dataset, "root": str(root), "source": source, "splits": splits,
             "n_warnings": len(warnings), "warnings": warnings[:SHOWN_WARNINGS]}
 
 

@@ -14,7 +14,8 @@ from pipeline.utils.io import read_jsonl, write_jsonl
 # change, or the same scene). Every parser writes it; the data layer pairs and counts by it (``pipeline.data``).
 NO_CHANGE = "no_change"
 
-PARSERS = {"clevr_change": "pipeline.datasets.clevr_change", "clevr_dc": "pipeline.datasets.clevr_dc"}
+PARSERS = {"clevr_change": "pipeline.datasets.clevr_change", "clevr_dc": "pipeline.datasets.clevr_dc",
+           "spot_the_diff": "pipeline.datasets.spot_the_diff"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
