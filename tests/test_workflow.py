@@ -303,7 +303,10 @@ def test_training_killed_at_90_percent_resumes_and_ends_as_if_uninterrupted(work
     cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir),
            "--configfile", str(TEST_CONFIG), "--cores", "3", *_targets()]
     with open(tmp_path / "killed.out", "w") as out:
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        # SIGINT as a terminal delivers it: a suite started in the background (`cmd &` in a script, as some CI
+        # runners do) inherits SIGINT ignored, and the jobs would then never see the interrupt.
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
             deadline = time.time() + 300
             while len(list(held.iterdir())) < len(KILLED):
