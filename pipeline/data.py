@@ -54,11 +54,14 @@ def _partnered(pairs: list[dict]) -> bool:
     return len(pairs) == 2 and sorted(r["change_type"] == NO_CHANGE for r in pairs) == [False, True]
 
 
-def pairing(records: list[dict]) -> str:
-    """``partner`` or ``plain`` for a split's records (see the module docstring); a mixed split raises."""
+def _by_before(records: list[dict]) -> dict[str, list[dict]]:
     by_before: dict[str, list[dict]] = {}
     for r in records:
         by_before.setdefault(r["before"], []).append(r)
+    return by_before
+
+
+def _mode(by_before: dict[str, list[dict]]) -> str:
     shapes = {before: _partnered(pairs) for before, pairs in sorted(by_before.items())}
     if all(shapes.values()) and shapes:
         return PARTNER
@@ -72,20 +75,26 @@ def pairing(records: list[dict]) -> str:
                         f"one changed and one distractor pair, or plain pairs")
 
 
+def pairing(records: list[dict]) -> str:
+    """``partner`` or ``plain`` for a split's records (see the module docstring); a mixed split raises."""
+    return _mode(_by_before(records))
+
+
 def items(records: list[dict], changed_only: bool = False) -> tuple[str, list[Item]]:
     """The split's training items and its mode, sorted by before image (then pair id) whatever the manifest
     order. ``changed_only`` drops the ``no_change`` pairs of plain-pair mode (in partner mode every item is a
     changed pair already)."""
-    mode = pairing(records)
+    by_before = _by_before(records)
+    mode = _mode(by_before)
     if mode == PLAIN:
         keep = [r for r in records if not (changed_only and r["change_type"] == NO_CHANGE)]
         return mode, [Item(r["before"], r["after"], r["pair_id"], r["change_type"])
                       for r in sorted(keep, key=lambda r: (r["before"], r["pair_id"]))]
-    by_before: dict[str, dict[str, dict]] = {}
-    for r in records:
-        by_before.setdefault(r["before"], {})["neg" if r["change_type"] == NO_CHANGE else "pos"] = r
-    return mode, [Item(before, g["pos"]["after"], g["pos"]["pair_id"], g["pos"]["change_type"],
-                       g["neg"]["after"], g["neg"]["pair_id"]) for before, g in sorted(by_before.items())]
+    out = []
+    for before, pairs in sorted(by_before.items()):
+        pos, neg = sorted(pairs, key=lambda r: r["change_type"] == NO_CHANGE)  # the changed pair first
+        out.append(Item(before, pos["after"], pos["pair_id"], pos["change_type"], neg["after"], neg["pair_id"]))
+    return mode, out
 
 
 def type_ids(types) -> dict[str, int]:

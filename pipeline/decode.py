@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import torch
-
 from pipeline.datasets.manifest import load as load_manifest
 from pipeline.engine import load_checkpoint
 from pipeline.errors import PipelineError

@@ -12,7 +12,6 @@ from pipeline.models import build_model
 from pipeline.models.aux_training import (AuxiliaryTraining, batch_classification_loss, candidate_loss,
                                           candidate_sets, caption_lengths, loss_and_distributions, soft_select,
                                           word_distributions)
-from pipeline.models.tirg import TIRG
 from pipeline.text import END, START
 from tests.test_duda import small_batch
 

@@ -106,7 +106,7 @@ def read_annotations(data_dir: str | Path, source: str) -> dict[str, list[tuple[
 
 def merge(entries: list[tuple[str, list[str]]]) -> dict[str, list[str]]:
     """Entries of one split merged by ``img_id`` (first appearance order), all their sentences in file order,
-    the empty ones (no letter or digit) kept: ``drop_empty`` removes them."""
+    the empty ones (no letter or digit) kept: ``parse`` drops them, ``source_counts`` counts them."""
     merged: dict[str, list[str]] = {}
     for img_id, sents in entries:
         merged.setdefault(img_id, []).extend(sents)

@@ -311,11 +311,10 @@ class AuxiliaryTraining(CaptionModel):
         omega = F.softmax(logits, 1)
         omega_b = omega[:, 0].mean().item()
         feed = omega_b >= self.b_hat_min_omega
-        after = soft_select(self.selection_weights(omega), sets, a, b_img).to(b_img.dtype) if feed else b_img  # Eq. 10
-        if feed and rows is not None:  # B̂ in the changed pairs' rows, the other pairs as they are
-            after = batch["after"].index_copy(0, rows, after)
-        elif rows is not None:
-            after = batch["after"]
+        after = batch["after"]
+        if feed:  # Eq. 10 on feature maps; on plain pairs B̂ goes in the changed pairs' rows, the others stay
+            b_hat = soft_select(self.selection_weights(omega), sets, a, b_img).to(b_img.dtype)
+            after = b_hat if rows is None else after.index_copy(0, rows, b_hat)
         loss_pri, parts = self.primary.training_loss({**batch, "after": after})  # Eq. 11
         acc = (logits[:, :1] > logits[:, 1:]).all(1).float().mean()
         return loss_pri, l_aux, {**parts, "l_aux": l_aux.item(), "omega_b": omega_b, "b_hat_fed": int(feed),

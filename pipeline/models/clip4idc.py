@@ -75,7 +75,7 @@ from pipeline.errors import PipelineError
 from pipeline.models.attention import MultiHeadAttention
 from pipeline.models.common import CaptionModel, ce_parts, group_slices, pair_groups, sequence_ce
 from pipeline.models.transformer_decoder import TransformerDecoder
-from pipeline.text import END, START
+from pipeline.text import START
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
