@@ -19,10 +19,24 @@ def _where(path) -> str:
 def validate(config: dict, schema_path: str | Path = SCHEMA, source: str = "config") -> dict:
     schema = yaml.safe_load(Path(schema_path).read_text())
     validator = jsonschema.Draft202012Validator(schema)
+    _raise_first(validator, config, source)
+    check_references(config, source)
+    # A per-dataset override must leave a valid block: validate each merged block in the whole config's place.
+    for dataset, block in (config.get("datasets") or {}).items():
+        for name in (block.get("overrides") or {}):
+            section = run_section(config, name)
+            if section is None:
+                raise PipelineError(f"{source}: datasets.{dataset}.overrides: {name!r} is neither under methods "
+                                    f"nor under pretraining")
+            merged = {**config, section: {**config[section], name: run_config(config, dataset, name)}}
+            _raise_first(validator, merged, f"{source}: datasets.{dataset}.overrides.{name} merged over {section}.{name}")
+    return config
+
+
+def _raise_first(validator, config: dict, source: str) -> None:
     errors = sorted(validator.iter_errors(config), key=lambda e: (len(e.path), list(map(str, e.path))))
     if not errors:
-        check_references(config, source)
-        return config
+        return
     e = errors[0]
     if e.validator == "additionalProperties":
         allowed = sorted(e.schema.get("properties", {})) or sorted(e.schema.get("patternProperties", {}))
@@ -53,6 +67,35 @@ def check_references(config: dict, source: str = "config") -> None:
         if dataset not in datasets:
             raise PipelineError(f"{source}: tables.{t}: dataset {dataset!r} is not under datasets"
                                 + ("" if "dataset" in block else f" (set tables.{t}.dataset)"))
+
+
+def merge(base: dict, over: dict) -> dict:
+    """``over`` deep-merged over ``base`` (a new dict): mappings merge key by key, anything else replaces."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def run_section(config: dict, name: str) -> str | None:
+    """``"methods"`` or ``"pretraining"``: the section that configures the run ``name`` (None: neither)."""
+    for section in ("methods", "pretraining"):
+        if name in (config.get(section) or {}):
+            return section
+    return None
+
+
+def run_config(config: dict, dataset: str, name: str) -> dict:
+    """The block of method or first-stage run ``name`` as it trains on ``dataset``: ``methods.<name>`` (or
+    ``pretraining.<name>``) with ``datasets.<dataset>.overrides.<name>`` deep-merged over it. Without an
+    override it is the configured block itself, so a run's parameters, and the DAG's view of them, do not
+    change when another dataset gains an override."""
+    section = run_section(config, name)
+    if section is None:
+        raise PipelineError(f"config: {name!r} is neither under methods nor under pretraining")
+    block = config[section][name]
+    over = ((config.get("datasets") or {}).get(dataset) or {}).get("overrides", {}).get(name)
+    return merge(block, over) if over else block
 
 
 def load(path: str | Path) -> dict:

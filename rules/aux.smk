@@ -12,7 +12,7 @@ rule aux_retrieval:
         manifest="results/{dataset}/manifest.jsonl",
         vocab="results/{dataset}/text/vocab.json",
         labels="results/{dataset}/text/labels.h5",
-        features=lambda w: f"results/{w.dataset}/features/{method_backbone(w.method)}.h5",
+        features=lambda w: f"results/{w.dataset}/features/{method_backbone(w.dataset, w.method)}.h5",
     output:
         "results/{dataset}/{method}/seed{seed}/retrieval_test.json",
     wildcard_constraints:

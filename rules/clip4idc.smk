@@ -88,7 +88,7 @@ rule clip4idc_adapt:
     wildcard_constraints:
         adapt=_alternatives(CLIP4IDC_ADAPT),
     params:
-        hp=lambda w: as_json(config["pretraining"][w.adapt]),
+        hp=lambda w: as_json(run_cfg(w.dataset, w.adapt)),
     threads: 1
     resources:
         gpu=GPU_TOKEN,

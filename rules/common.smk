@@ -1,7 +1,7 @@
 import json
 import shutil
 
-from pipeline.config import validate as validate_config
+from pipeline.config import run_config, validate as validate_config
 from pipeline.errors import PipelineError
 
 try:
@@ -51,8 +51,13 @@ def as_json(obj):
     return json.dumps(obj, sort_keys=True)
 
 
-def method_backbone(method):
-    return config["methods"][method]["backbone"]
+def run_cfg(dataset, name):
+    """A method's (or first-stage run's) block on ``dataset``: its per-dataset overrides merged in."""
+    return run_config(config, dataset, name)
+
+
+def method_backbone(dataset, method):
+    return run_cfg(dataset, method)["backbone"]
 
 
 def init_checkpoint(dataset, method, seed):

@@ -7,23 +7,25 @@ import re
 IDC_PCL_PRETRAIN = sorted(n for n in config.get("pretraining", {}) if re.fullmatch(r"idc_pcl_pretrain(_\w+)?", n))
 
 
-def idc_pcl_pretrain_cfg(name):
-    return config["pretraining"][name]
+def idc_pcl_pretrain_cfg(dataset, name):
+    return run_cfg(dataset, name)
 
 
 def idc_pcl_check_config():
     """A method starting from a pre-training run must have the same architecture (init_from also checks the
     tensors, but this says which config blocks disagree before anything runs)."""
     arch = ("hidden", "heads", "ff", "layers", "single_layers", "pair_layers", "difference_encoder")
-    for m, b in config["methods"].items():
-        init = b.get("init_from")
-        if init not in IDC_PCL_PRETRAIN:
-            continue
-        pre = idc_pcl_pretrain_cfg(init)
-        diff = [k for k in arch if b["model"].get(k) != pre["model"].get(k)]
-        if diff or b["backbone"] != pre["backbone"]:
-            raise WorkflowError(f"config: methods.{m} and pretraining.{init} disagree on "
-                                f"{', '.join(diff or ['backbone'])}: fine-tuning starts from those weights")
+    for d in config["datasets"]:
+        for m in config["methods"]:
+            init = config["methods"][m].get("init_from")
+            if init not in IDC_PCL_PRETRAIN:
+                continue
+            b, pre = run_cfg(d, m), idc_pcl_pretrain_cfg(d, init)
+            diff = [k for k in arch if b["model"].get(k) != pre["model"].get(k)]
+            if diff or b["backbone"] != pre["backbone"]:
+                on = f" on {d} (with its overrides)" if config["datasets"][d].get("overrides") else ""
+                raise WorkflowError(f"config: methods.{m} and pretraining.{init} disagree on "
+                                    f"{', '.join(diff or ['backbone'])}{on}: fine-tuning starts from those weights")
 
 
 idc_pcl_check_config()
@@ -35,16 +37,16 @@ rule pretrain_idc_pcl:
         manifest="results/{dataset}/manifest.jsonl",
         vocab="results/{dataset}/text/vocab.json",
         labels="results/{dataset}/text/labels.h5",
-        features=lambda w: f"results/{w.dataset}/features/{idc_pcl_pretrain_cfg(w.name)['backbone']}.h5",
+        features=lambda w: f"results/{w.dataset}/features/{idc_pcl_pretrain_cfg(w.dataset, w.name)['backbone']}.h5",
         negatives=lambda w: (["results/{dataset}/text/negatives.jsonl".format(dataset=w.dataset)]
-                             if idc_pcl_pretrain_cfg(w.name)["tasks"].get("fda", 0) > 0 else []),
+                             if idc_pcl_pretrain_cfg(w.dataset, w.name)["tasks"].get("fda", 0) > 0 else []),
     output:
         checkpoint="results/{dataset}/{name}/seed{seed}/checkpoint.pt",
         summary="results/{dataset}/{name}/seed{seed}/pretrain.json",
     wildcard_constraints:
         name="|".join(map(re.escape, IDC_PCL_PRETRAIN)) if IDC_PCL_PRETRAIN else "(?!x)x",
     params:
-        hp=lambda w: as_json(idc_pcl_pretrain_cfg(w.name)),
+        hp=lambda w: as_json(idc_pcl_pretrain_cfg(w.dataset, w.name)),
         negatives=lambda w, input: f"--negatives {input.negatives}" if input.negatives else "",
     threads: 1
     resources:

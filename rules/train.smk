@@ -4,7 +4,7 @@ rule train:
         manifest="results/{dataset}/manifest.jsonl",
         vocab="results/{dataset}/text/vocab.json",
         labels="results/{dataset}/text/labels.h5",
-        features=lambda w: f"results/{w.dataset}/features/{method_backbone(w.method)}.h5",
+        features=lambda w: f"results/{w.dataset}/features/{method_backbone(w.dataset, w.method)}.h5",
         init=lambda w: init_checkpoint(w.dataset, w.method, w.seed),
     output:
         checkpoint="results/{dataset}/{method}/seed{seed}/checkpoint.pt",
@@ -13,7 +13,7 @@ rule train:
     wildcard_constraints:
         method="|".join(TRAINED),
     params:
-        hp=lambda w: as_json(config["methods"][w.method]),
+        hp=lambda w: as_json(run_cfg(w.dataset, w.method)),
         init=lambda w, input: f"--init {input.init}" if input.init else "",
     threads: 1
     resources:
@@ -36,7 +36,7 @@ rule decode_test:
         checkpoint="results/{dataset}/{method}/seed{seed}/checkpoint.pt",
         manifest="results/{dataset}/manifest.jsonl",
         vocab="results/{dataset}/text/vocab.json",
-        features=lambda w: f"results/{w.dataset}/features/{method_backbone(w.method)}.h5",
+        features=lambda w: f"results/{w.dataset}/features/{method_backbone(w.dataset, w.method)}.h5",
     output:
         "results/{dataset}/{method}/seed{seed}/predictions_test.json",
     wildcard_constraints:

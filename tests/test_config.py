@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.config import load, validate
+from pipeline.config import load, merge, run_config, validate
 from pipeline.errors import PipelineError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,3 +53,34 @@ def test_a_method_without_a_model_is_named(monkeypatch):
     monkeypatch.setattr(models, "PATTERNS", [])
     with pytest.raises(PipelineError, match=r"methods\.clip4idc_frozen_intra3_inter3: no model is registered"):
         load(ROOT / "config/config.yaml")
+
+
+def test_dataset_overrides_merge_over_the_method_block():
+    cfg = yaml.safe_load((ROOT / ".test/config/config.yaml").read_text())
+    base = copy.deepcopy(cfg["methods"]["dirl"])
+    cfg["datasets"]["clevr_dc"]["overrides"] = {"dirl": {"backbone": "resnet101_layer4", "train": {"lr": 0.5}},
+                                                "idc_pcl_pretrain": {"train": {"iterations": 7}}}
+    validate(cfg)
+    dc = run_config(cfg, "clevr_dc", "dirl")
+    assert dc["backbone"] == "resnet101_layer4" and dc["train"]["lr"] == 0.5
+    # every key the override does not name is the method's own, at every depth
+    assert {k: v for k, v in dc["train"].items() if k != "lr"} == {k: v for k, v in base["train"].items() if k != "lr"}
+    assert dc["model"] == base["model"]
+    assert run_config(cfg, "clevr_dc", "idc_pcl_pretrain")["train"]["iterations"] == 7
+    # the other dataset, and the configured blocks themselves, are untouched
+    assert run_config(cfg, "clevr_change", "dirl") is cfg["methods"]["dirl"] and cfg["methods"]["dirl"] == base
+    assert merge({"a": {"b": 1, "c": 2}, "d": [1]}, {"a": {"b": 3}, "d": [2]}) == {"a": {"b": 3, "c": 2}, "d": [2]}
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"dirll": {"train": {"lr": 1.0}}}, r"datasets\.clevr_dc\.overrides: 'dirll' is neither under methods nor under pretraining"),
+    ({"dirl": {"train": {"learning_rate": 1.0}}},
+     r"datasets\.clevr_dc\.overrides\.dirl merged over methods\.dirl: unknown key 'learning_rate' under methods\.dirl\.train"),
+    ({"dirl": {"backbone": "resnet50"}}, r"datasets\.clevr_dc\.overrides\.dirl merged over methods\.dirl: methods\.dirl\.backbone"),
+    ({"idc_pcl": {"init_from": "idc_pcl_pretrain_mlm"}}, r"datasets\.clevr_dc\.overrides\.idc_pcl"),
+])
+def test_a_bad_dataset_override_is_named(override, message):
+    cfg = yaml.safe_load((ROOT / ".test/config/config.yaml").read_text())
+    cfg["datasets"]["clevr_dc"]["overrides"] = override
+    with pytest.raises(PipelineError, match=message):
+        validate(cfg, source="config")

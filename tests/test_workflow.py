@@ -160,6 +160,30 @@ def test_clevr_dc_plain_pairs_train_decode_and_score_through_the_generic_rules(w
     assert len(json.loads((run_dir / "predictions_test.json").read_text())) == 12
 
 
+def test_a_dataset_override_changes_that_dataset_s_runs_only(workdir, tmp_path):
+    """Per-dataset settings (``datasets.<d>.overrides``, e.g. DIRL's layer4 7x7 grid on CLEVR-DC): the override
+    re-runs that dataset's training and what follows, leaves every other dataset's runs alone, and the run
+    trains on the overridden backbone."""
+    import torch
+
+    target = "results/clevr_dc/dirl/seed0/metrics.json"
+    smk(workdir, target, "results/clevr_dc/features/resnet101_layer4.h5")
+    cfg = yaml.safe_load(TEST_CONFIG.read_text())
+    cfg["datasets"]["clevr_dc"]["overrides"] = {"dirl": {"backbone": "resnet101_layer4", "train": {"lr": 2e-3}}}
+    changed = tmp_path / "override.yaml"
+    changed.write_text(yaml.safe_dump(cfg))
+    p = smk(workdir, TABLE, "--dry-run", config=changed)
+    assert "Nothing to be done" in p.stdout + p.stderr, p.stdout[-2000:]
+    p = smk(workdir, target, "--dry-run", config=changed)
+    assert planned_rules(p) == {"train", "decode_test", "evaluate"}, p.stdout[-3000:]
+    smk(workdir, target, config=changed)
+    ck = torch.load(workdir / "results/clevr_dc/dirl/seed0/checkpoint.pt", map_location="cpu", weights_only=False)
+    model = cfg["methods"]["dirl"]["model"]
+    assert ck["feat_dim"] == 2048 and {k: ck["model_hparams"][k] for k in model} == model
+    run = json.loads((workdir / "results/clevr_dc/dirl/seed0/run.json").read_text())
+    assert (run["backbone"], run["config"]["train"]["lr"]) == ("resnet101_layer4", 2e-3)
+
+
 def test_spot_the_diff_data_stages_run_through_the_dag(workdir):
     """Spot-the-Diff's data stages (issue 14): synthetic parking lot -> manifest -> text and features through the
     generic rules; one record per distinct img_id, every sentence of its entries a reference."""
