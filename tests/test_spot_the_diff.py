@@ -158,10 +158,10 @@ def _release(tmp_path, monkeypatch, zip_prefix="resized_images/"):
     with zipfile.ZipFile(tmp_path / "src" / "resized_images.zip", "w") as zf:
         for p in sorted((src / "resized_images").iterdir()):
             zf.write(p, zip_prefix + p.name)
-    rel = dict(fetch.RELEASES["spot_the_diff"])
-    rel["annotations"] = (src / "annotations").as_uri() + "/{split}.json"
-    rel["url"] = (tmp_path / "src" / "resized_images.zip").as_uri()
-    monkeypatch.setitem(fetch.RELEASES, "spot_the_diff", rel)
+    zip_release = fetch.RELEASES["spot_the_diff"]["archives"]["resized_images.zip"]
+    monkeypatch.setitem(fetch.RELEASES, "spot_the_diff", {
+        "files": (src / "annotations").as_uri() + "/{name}",
+        "archives": {"resized_images.zip": {**zip_release, "url": (tmp_path / "src" / "resized_images.zip").as_uri()}}})
     monkeypatch.setattr(sd, "OFFICIAL_SHA256", {s: hashlib.sha256(sd.annotation_path(src, s).read_bytes()).hexdigest()
                                                 for s in sd.SPLITS})
     monkeypatch.setattr(sd, "OFFICIAL_COUNTS", {s: {k: c[k] for k in ("entries", "distinct_pairs", "sentences",
@@ -203,12 +203,14 @@ def test_fetch_offline_or_refused_says_what_to_place_where(tmp_path, monkeypatch
     with pytest.raises(PipelineError) as e:
         fetch.run(argparse.Namespace(dataset="spot_the_diff", root=str(root), no_download=True))
     msg = str(e.value)
-    assert "train.json, val.json, test.json" in msg and str(root / "data" / "annotations") in msg
+    for s in sd.SPLITS:  # each annotation file: where it comes from, where it goes
+        assert f"{s}.json: download it from {fetch.RELEASES['spot_the_diff']['files'].format(name=f'{s}.json')} " \
+               f"and place it at {sd.annotation_path(root / 'data', s)}" in msg
     assert "resized_images.zip" in msg and "drive.google.com/file/d/1OVb4_3Uec_xbyUk90aWC6LFpKsIOtR7v" in msg
     # annotations come, but Drive answers an HTML page instead of the archive
     page = tmp_path / "refused.html"
     page.write_text("<html>quota exceeded</html>")
-    monkeypatch.setitem(fetch.RELEASES["spot_the_diff"], "url", page.as_uri())
+    monkeypatch.setitem(fetch.RELEASES["spot_the_diff"]["archives"]["resized_images.zip"], "url", page.as_uri())
     with pytest.raises(PipelineError, match="cannot obtain the official spot_the_diff release"):
         fetch.run(argparse.Namespace(dataset="spot_the_diff", root=str(root), no_download=False))
     assert (root / "resized_images.zip.html").is_file() and not (root / "data" / "resized_images").exists()

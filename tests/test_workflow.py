@@ -204,8 +204,19 @@ def test_spot_the_diff_data_stages_run_through_the_dag(workdir):
 
 def test_spot_the_diff_official_offline_says_what_to_place_where(tmp_path):
     _, log = _official_offline(tmp_path, "spot_the_diff")
-    assert "resources/raw/spot_the_diff/official/resized_images.zip" in log and "train.json, val.json, test.json" in log
+    assert "place it at resources/raw/spot_the_diff/official/resized_images.zip" in log
+    for split in ("train", "val", "test"):
+        assert f"place it at resources/raw/spot_the_diff/official/data/annotations/{split}.json" in log
     assert not (tmp_path / "resources/raw/spot_the_diff/official/verified.json").exists()
+
+
+def test_clevr_dc_official_offline_says_what_to_place_where(tmp_path):
+    _, log = _official_offline(tmp_path, "clevr_dc")
+    root = "resources/raw/clevr_dc/official"
+    for name, dest in (("split.json", "data/split.json"), ("captions.json", "data/captions.json"),
+                       ("bef.tar.gz", "bef.tar.gz"), ("aft.tar.gz", "aft.tar.gz")):
+        assert f"- {name}: download it from " in log and f"place it at {root}/{dest}" in log, log
+    assert not (tmp_path / root / "verified.json").exists() and not (tmp_path / root / "data").exists()
 
 
 @pytest.mark.parametrize("edit, message", [

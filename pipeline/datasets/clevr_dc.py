@@ -88,6 +88,14 @@ def caption_type(caption: str) -> str | None:
     return None
 
 
+def type_disagreement(record: dict) -> str | None:
+    """The warning for a record whose captions state another change type than its block, or None."""
+    stated = {t for t in map(caption_type, [c for c in record["captions"] if isinstance(c, str)]) if t is not None}
+    if stated - {record["change_type"]}:
+        return f"index {record['index']}: block says {record['change_type']!r}, captions say {sorted(stated)}"
+    return None
+
+
 def _find_dir(data_dir: Path, names: tuple[str, ...], what: str) -> Path:
     for n in names:
         if (data_dir / n).is_dir():
@@ -161,12 +169,13 @@ def parse(data_dir: str | Path, source: str, generator_seed: int | None = None, 
                     raise PipelineError(f"{cap_path}: index {idx}: {fault}")
                 local_warnings.append(f"{cap_path}: index {idx}: {fault}")
                 caps = caps if isinstance(caps, list) else []
-            stated = {t for t in map(caption_type, [c for c in caps if isinstance(c, str)]) if t is not None}
-            if stated - {ctype}:
-                local_warnings.append(f"index {idx}: block says {ctype!r}, captions say {sorted(stated)}")
-            records.append({"pair_id": f"{idx:06d}.png", "index": idx, "split": split, "before": before,
-                            "after": after, "change_type": ctype, "captions": list(caps), "labels": {},
-                            "source": source, "generator_seed": generator_seed})
+            record = {"pair_id": f"{idx:06d}.png", "index": idx, "split": split, "before": before,
+                      "after": after, "change_type": ctype, "captions": list(caps), "labels": {},
+                      "source": source, "generator_seed": generator_seed}
+            disagreement = type_disagreement(record)
+            if disagreement is not None:
+                local_warnings.append(disagreement)
+            records.append(record)
     if warnings is not None:
         warnings.extend(local_warnings)
     elif local_warnings:  # type disagreements: say so once, the manifest still uses the block

@@ -1,45 +1,135 @@
 """Stage ``fetch``: obtain an official dataset release, or verify a copy placed by hand.
 
-Order: an extracted ``data/`` folder already in place → verify; else the archive in place → extract;
-else download the published archive (resumable) → extract. When nothing works (offline, dead link),
-stop with one message that says which file to place where. Writes ``<root>/verified.json`` last.
+A release is a list of parts (``PARTS``): plain files (annotation files from the authors' GitHub repository,
+sha256-checked where the reference gives a digest) and archives (Google Drive), each archive extracted
+atomically to its folder. For each part in turn: already in place (the file, or the archive's extracted
+folder) → used as it is (a file placed by hand is checked by the parser, an archive placed by hand is
+extracted as it is); else downloaded (resumable: ``<name>.part``; a download that does not start as the file
+must, e.g. Drive's HTML refusal page, is kept as ``<name>.html`` for a look). When any part cannot be had
+(offline, dead link, ``--no-download``), ONE message names every missing part, where to get it and where to
+place it, and nothing is extracted. Then the archives are extracted, the tree is parsed as ``official`` (the
+release's checksums, every image and caption) and counted against the release. Writes ``<root>/verified.json``
+last.
 
-Spot-the-Diff (reference/datasets.md §3) comes in two parts: the annotation files, each downloaded from the
-GitHub repository to ``data/annotations/<split>.json`` and sha256-checked (a file placed by hand is checked
-by the parser), and the image archive ``resized_images.zip`` (Drive), extracted to ``data/resized_images/``.
+- CLEVR-Change (reference/datasets.md §1): ``clevr_change.tar.gz`` (Drive), holding ``data/``.
+- Spot-the-Diff (§3): ``data/annotations/{train,val,test}.json`` from ``harsh19/spot-the-diff`` and
+  ``resized_images.zip`` (Drive; its images at its root or under ``resized_images/``) → ``data/resized_images/``.
+- CLEVR-DC (§2): ``data/split.json`` (sha256-checked) and ``data/captions.json`` (no digest published) from
+  ``hsgkim/clevr-dc`` at its release commit; ``bef.tar.gz`` → ``data/bef/`` and ``aft.tar.gz`` → ``data/aft/``
+  (Drive). What the two archives hold is not documented: their images at the root, or under one top-level
+  folder the parser reads (``bef/`` or ``images/``; ``aft/`` or ``sc_images/``); anything else is an error
+  naming the archive. A tree with ``images/`` and ``sc_images/`` (DIRL's renaming) placed by hand is used as it
+  is.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import hashlib
 import shutil
 import tarfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.errors import PipelineError
-from pipeline.utils.download import try_download
+from pipeline.utils.download import sha256_file, try_download
 from pipeline.utils.io import atomic_path, read_json, write_json
 
+GZIP, ZIP, JSON_OBJECT = b"\x1f\x8b", b"PK", b"{"
+CLEVR_DC_COMMIT = "47be3211fd21a09d1062f8a3a8833d213f026c79"  # hsgkim/clevr-dc: its single commit (datasets.md §2)
+
+
+def _drive(file_id: str) -> dict:
+    return {"page": f"https://drive.google.com/file/d/{file_id}/view",
+            "url": f"https://drive.usercontent.google.com/download?id={file_id}&export=download&confirm=t"}
+
+
+# Where each release's files come from (no archive has a published checksum). ``files`` is the URL of a
+# repository file, ``{name}`` its name.
 RELEASES = {
-    "clevr_change": {
-        "archive": "clevr_change.tar.gz",
-        "page": "https://drive.google.com/file/d/1HJ3gWjaUJykEckyb2M0MB4HnrJSihjVe/view",
-        "url": "https://drive.usercontent.google.com/download?id=1HJ3gWjaUJykEckyb2M0MB4HnrJSihjVe&export=download&confirm=t",
-        "archive_sha256": None,  # not published
-        "check": "pipeline.datasets.clevr_change",
-    },
+    "clevr_change": {"archives": {"clevr_change.tar.gz": _drive("1HJ3gWjaUJykEckyb2M0MB4HnrJSihjVe")}},
     "spot_the_diff": {
-        "archive": "resized_images.zip",
-        "page": "https://drive.google.com/file/d/1OVb4_3Uec_xbyUk90aWC6LFpKsIOtR7v/view",
-        "url": "https://drive.usercontent.google.com/download?id=1OVb4_3Uec_xbyUk90aWC6LFpKsIOtR7v&export=download&confirm=t",
-        "archive_sha256": None,  # not published
-        # the annotation files, from the repository (their sha256: pipeline.datasets.spot_the_diff.OFFICIAL_SHA256)
-        "annotations": "https://github.com/harsh19/spot-the-diff/raw/master/data/annotations/{split}.json",
-        "check": "pipeline.datasets.spot_the_diff",
+        "archives": {"resized_images.zip": _drive("1OVb4_3Uec_xbyUk90aWC6LFpKsIOtR7v")},
+        "files": "https://github.com/harsh19/spot-the-diff/raw/master/data/annotations/{name}",
+    },
+    "clevr_dc": {
+        "archives": {"bef.tar.gz": _drive("1FeK--ilqYItdx6Fw6pLSWWNujylOovIT"),
+                     "aft.tar.gz": _drive("1csIsr8IcwrOYAe-JAWQrcb3iu5RtaTK7")},
+        "files": f"https://github.com/hsgkim/clevr-dc/raw/{CLEVR_DC_COMMIT}/{{name}}",
     },
 }
+
+
+@dataclass(frozen=True)
+class Part:
+    """One file of a release: where a person gets it (``page``), where the fetcher does (``url``), where it goes
+    (``dest``). An archive also names the folder it is extracted to and how (``_extract``)."""
+
+    name: str
+    page: str
+    url: str
+    dest: Path
+    sha256: str | None = None      # a download's digest must start with it
+    magic: bytes | None = None     # a download must start with these bytes
+    folder: Path | None = None     # an archive: extracted to this folder
+    names: tuple[str, ...] = ()    # an archive: its top-level folders that are the content (default: folder's name)
+    flat: bool = False             # an archive: may hold its files at its root instead
+    ready: tuple[Path, ...] = ()   # an archive: any of these existing means it is extracted (or placed so by hand)
+    hint: str = ""                 # an archive: what extracting it by hand must give
+
+    @property
+    def done(self) -> bool:
+        """Nothing left to do: the file is in place, or the archive's content is."""
+        return self.dest.is_file() if self.folder is None else any(p.exists() for p in self.ready)
+
+
+def _archive_part(dataset: str, name: str, root: Path, folder: Path, **kw) -> Part:
+    src = RELEASES[dataset]["archives"][name]
+    return Part(name, src["page"], src["url"], root / name, folder=folder, **kw)
+
+
+def _file_part(dataset: str, name: str, dest: Path, **kw) -> Part:
+    url = RELEASES[dataset]["files"].format(name=name)
+    return Part(name, url, url, dest, **kw)
+
+
+def parts_clevr_change(root: Path) -> list[Part]:
+    data = root / "data"
+    return [_archive_part("clevr_change", "clevr_change.tar.gz", root, data, magic=GZIP,
+                          ready=(data / "splits.json",), hint=f"{data / 'splits.json'} exists")]
+
+
+def parts_spot_the_diff(root: Path) -> list[Part]:
+    from pipeline.datasets import spot_the_diff as sd
+
+    data = root / "data"
+    images = data / sd.IMAGES
+    return [*(_file_part("spot_the_diff", f"{s}.json", sd.annotation_path(data, s), sha256=sd.OFFICIAL_SHA256[s])
+              for s in sd.SPLITS),
+            _archive_part("spot_the_diff", "resized_images.zip", root, images, magic=ZIP, flat=True, ready=(images,),
+                          hint=f"{images}/<img_id>.png and <img_id>_2.png exist")]
+
+
+def parts_clevr_dc(root: Path) -> list[Part]:
+    from pipeline.datasets import clevr_dc as dc
+
+    data = root / "data"
+    parts = [_file_part("clevr_dc", "split.json", data / "split.json", sha256=dc.OFFICIAL_SPLIT_SHA256,
+                        magic=JSON_OBJECT),
+             _file_part("clevr_dc", "captions.json", data / "captions.json", magic=JSON_OBJECT)]
+    for name, dirs in (("bef.tar.gz", dc.BEFORE_DIRS), ("aft.tar.gz", dc.AFTER_DIRS)):
+        folder = data / name.split(".")[0]  # the release's folder name (hsgkim/clevr-dc's bef/README.md, aft/)
+        others = tuple(d for d in dirs if d != folder.name)
+        parts.append(_archive_part(
+            "clevr_dc", name, root, folder, magic=GZIP, names=(folder.name, *others), flat=True,
+            ready=tuple(data / d for d in dirs),
+            hint=f"{folder}/<n>.png exist, or {' or '.join(f'{data / d}/<n>.png' for d in others)}"))
+    return parts
+
+
+PARTS = {"clevr_change": parts_clevr_change, "spot_the_diff": parts_spot_the_diff, "clevr_dc": parts_clevr_dc}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -48,25 +138,59 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-download", action="store_true", help="only use files already in place")
 
 
-def _placement_message(dataset: str, root: Path) -> str:
-    rel = RELEASES[dataset]
-    if "annotations" in rel:
-        from pipeline.datasets import spot_the_diff as sd
-
-        return (f"cannot obtain the official {dataset} release: download failed or disabled. Place the annotation "
-                f"files {', '.join(f'{s}.json' for s in sd.SPLITS)} from {rel['annotations'].format(split='<split>')} "
-                f"in {root / 'data' / sd.ANNOTATIONS}, and download {rel['archive']} from {rel['page']} to "
-                f"{root / rel['archive']} (or extract it so that {root / 'data' / sd.IMAGES}/<img_id>.png and "
-                f"<img_id>_2.png exist), then run again.")
-    return (f"cannot obtain the official {dataset} release: download failed or disabled. "
-            f"Download {rel['archive']} from {rel['page']} and place it at {root / rel['archive']} "
-            f"(or extract it so that {root / 'data' / 'splits.json'} exists), then run again.")
+def _placement_message(dataset: str, parts: list[Part], missing: dict[str, str]) -> str:
+    lines = [f"cannot obtain the official {dataset} release. Place by hand what is missing, then run again:"]
+    for part in parts:
+        if part.name in missing:
+            hint = f" (or extract it so that {part.hint})" if part.hint else ""
+            lines.append(f"- {part.name}: download it from {part.page} and place it at {part.dest}{hint} "
+                         f"[{missing[part.name]}]")
+    there = [part.name for part in parts if part.name not in missing]
+    if there:
+        lines.append(f"Already in place: {', '.join(there)}.")
+    return "\n".join(lines)
 
 
-def _extract(archive: Path, target: Path, top_level_required: bool = True) -> None:
+def _download(part: Part) -> str | None:
+    """Download ``part`` to its place (resumable); why it could not be, or None. A wrong checksum raises."""
+    got = try_download(part.url, part.dest, sha256_prefix=part.sha256, progress=part.folder is not None)
+    if got is None:
+        return "download failed"
+    if part.magic is not None:
+        with open(got, "rb") as f:  # an archive may be gigabytes: read its first bytes only
+            head = f.read(len(part.magic))
+        if head != part.magic:
+            kept = got.rename(got.with_name(got.name + ".html"))
+            return f"the server answered something else (a refusal page?), kept as {kept}"
+    return None
+
+
+def obtain(dataset: str, root: Path, no_download: bool) -> list[Part]:
+    """Bring every part of the release into place, then extract its archives; the one placement message when
+    any part cannot be had (nothing extracted then)."""
+    parts = PARTS[dataset](root)
+    missing = {}
+    for part in parts:
+        if part.done or part.dest.is_file():
+            continue
+        why = "download disabled" if no_download else _download(part)
+        if why is not None:
+            missing[part.name] = why
+    if missing:
+        raise PipelineError(_placement_message(dataset, parts, missing))
+    for part in parts:
+        if part.folder is not None and not part.done:
+            _extract(part.dest, part.folder, part.names, part.flat)
+    return parts
+
+
+def _extract(archive: Path, target: Path, names: tuple[str, ...] = (), flat: bool = False) -> None:
     """Extract ``archive`` (tar or zip) to the folder ``target``, atomically: a failed extraction leaves no
-    ``target``. The archive holds it as a top-level folder of the same name (required for a tar: CLEVR-Change's
-    ``data/``); a zip without that single folder holds its files at its root (``resized_images.zip``)."""
+    ``target``. The content is the archive's top-level folder named one of ``names`` (default ``target.name``:
+    CLEVR-Change's ``data/``); when ``flat``, an archive without such a folder holds its files at its root
+    (``resized_images.zip``), unless all it holds is one other folder (an error: not the expected archive)."""
+    names = names or (target.name,)
+    wanted = " or ".join(f"{n}/" for n in names)
     # The staging folder is named after atomic_path's temporary (".data.<8>.tmp.x"), so one that a killed
     # extraction left is removed by the next try's atomic_path; one that a failed extraction leaves, here.
     staging = None
@@ -74,21 +198,33 @@ def _extract(archive: Path, target: Path, top_level_required: bool = True) -> No
         is_zip = zipfile.is_zipfile(archive)
         with (zipfile.ZipFile(archive) if is_zip else tarfile.open(archive)) as arc, atomic_path(target) as tmp:
             staging = tmp.with_name(tmp.name + ".x")
+            staging.mkdir()
             if is_zip:
                 arc.extractall(staging)  # zipfile drops absolute paths and ".." itself
             else:
                 arc.extractall(staging, filter="data")
-            inner = staging / target.name
-            if top_level_required and not inner.is_dir():
-                raise PipelineError(f"{archive}: archive has no top-level {target.name}/ folder")
-            if not top_level_required and not (inner.is_dir() and len(list(staging.iterdir())) == 1):
-                inner = staging
-            inner.rename(tmp)
+            content = next((staging / n for n in names if (staging / n).is_dir()), None)
+            if content is None:
+                top = sorted(p.name for p in staging.iterdir())
+                if not flat:
+                    raise PipelineError(f"{archive}: archive has no top-level {wanted} folder")
+                if len(top) == 1 and (staging / top[0]).is_dir():
+                    raise PipelineError(f"{archive}: holds only the folder {top[0]}/, expected {wanted} or the files "
+                                        f"at its root; extract it by hand so that {target}/ holds its files")
+                content = staging
+            content.rename(tmp)
     except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError) as e:
         raise PipelineError(f"{archive}: cannot extract ({e}); delete it and download again") from None
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def _split_sizes(sizes: dict[str, int], official: dict[str, int]) -> dict:
+    report: dict = {"split_sizes": sizes}
+    if sizes != official:
+        report["warning"] = f"split sizes {sizes} differ from the official {official}"
+    return report
 
 
 def verify_clevr_change(data: Path) -> dict:
@@ -98,11 +234,8 @@ def verify_clevr_change(data: Path) -> dict:
     for name, digest in cc.OFFICIAL_SHA256.items():
         got = hashlib.sha256((data / name).read_bytes()).hexdigest()
         report[name] = {"sha256": got, "matches_official": got == digest}
-    splits = read_json(data / "splits.json")
-    sizes = {k: len(v) for k, v in splits.items()}
-    report["split_sizes"] = sizes
-    if sizes != cc.OFFICIAL_SPLIT_SIZES:
-        report["warning"] = f"split sizes {sizes} differ from the official {cc.OFFICIAL_SPLIT_SIZES}"
+    report.update(_split_sizes({k: len(v) for k, v in read_json(data / "splits.json").items()},
+                               cc.OFFICIAL_SPLIT_SIZES))
     records = cc.parse(data, source="official")  # raises on a missing image or caption
     report["pairs"] = len(records)
     return report
@@ -119,51 +252,40 @@ def verify_spot_the_diff(data: Path) -> dict:
     return report
 
 
-def fetch_spot_the_diff(root: Path, no_download: bool) -> dict:
-    from pipeline.datasets import spot_the_diff as sd
+def verify_clevr_dc(data: Path) -> dict:
+    """Parse as ``official`` (split.json's sha256, every image, a caption list with words for every index) and
+    count: pairs per split against the release's, pairs per block type, and the pairs whose captions state
+    another change type than their 8,000-block (``inspect``'s warnings; the block wins)."""
+    from pipeline.datasets import clevr_dc as dc
+    from pipeline.datasets.inspect_tree import SHOWN_WARNINGS
 
-    rel = RELEASES["spot_the_diff"]
-    data = root / "data"
-    for split in sd.SPLITS:
-        target = sd.annotation_path(data, split)
-        if target.is_file():
-            continue  # placed by hand or downloaded before: the parser checks its sha256
-        got = None if no_download else try_download(rel["annotations"].format(split=split), target,
-                                                     sha256_prefix=sd.OFFICIAL_SHA256[split], progress=False)
-        if got is None:
-            raise PipelineError(_placement_message("spot_the_diff", root))
-    images = data / sd.IMAGES
-    if not images.is_dir():
-        _extract(_archive(root, "spot_the_diff", no_download, b"PK"), images, top_level_required=False)
-    return verify_spot_the_diff(data)
-
-
-def _archive(root: Path, dataset: str, no_download: bool, magic: bytes) -> Path:
-    """The release's archive at ``root``: placed by hand, or downloaded (resumable); the placement message when
-    neither works. A download that does not start with ``magic`` (Drive answers an HTML page when it refuses)
-    is kept as ``<archive>.html`` for a look, and is the placement message too."""
-    rel = RELEASES[dataset]
-    archive = root / rel["archive"]
-    if not archive.is_file():
-        got = None if no_download else try_download(rel["url"], archive, sha256_prefix=rel["archive_sha256"])
-        if got is None:
-            raise PipelineError(_placement_message(dataset, root))
-        with open(got, "rb") as f:  # the archive may be gigabytes: read its first bytes only
-            head = f.read(len(magic))
-        if head != magic:
-            got.rename(got.with_name(got.name + ".html"))
-            raise PipelineError(_placement_message(dataset, root))
-    return archive
+    records = dc.parse(data, source="official")
+    disagreements = [w for w in map(dc.type_disagreement, records) if w is not None]
+    return {"split.json": {"sha256": dc.OFFICIAL_SPLIT_SHA256, "matches_official": True},
+            "captions.json": {"sha256": sha256_file(data / "captions.json")},  # none published: recorded
+            "pairs": len(records),
+            **_split_sizes({s: sum(r["split"] == s for r in records) for s in dc.OFFICIAL_SPLIT_SIZES},
+                           dc.OFFICIAL_SPLIT_SIZES),
+            "types": dict(sorted(collections.Counter(r["change_type"] for r in records).items())),
+            "type_disagreements": len(disagreements), "type_disagreement_examples": disagreements[:SHOWN_WARNINGS]}
 
 
 def fetch_clevr_change(root: Path, no_download: bool) -> dict:
-    data = root / "data"
-    if not (data / "splits.json").is_file():
-        _extract(_archive(root, "clevr_change", no_download, b"\x1f\x8b"), data)
-    return verify_clevr_change(data)
+    obtain("clevr_change", root, no_download)
+    return verify_clevr_change(root / "data")
 
 
-FETCHERS = {"clevr_change": fetch_clevr_change, "spot_the_diff": fetch_spot_the_diff}
+def fetch_spot_the_diff(root: Path, no_download: bool) -> dict:
+    obtain("spot_the_diff", root, no_download)
+    return verify_spot_the_diff(root / "data")
+
+
+def fetch_clevr_dc(root: Path, no_download: bool) -> dict:
+    obtain("clevr_dc", root, no_download)
+    return verify_clevr_dc(root / "data")
+
+
+FETCHERS = {"clevr_change": fetch_clevr_change, "spot_the_diff": fetch_spot_the_diff, "clevr_dc": fetch_clevr_dc}
 
 
 def run(args: argparse.Namespace) -> None:
