@@ -19,7 +19,7 @@ different pairs do tie). Selection score: the sum of R@1, R@5 and R@10 in both d
 
 Outputs in ``--run-dir``: ``checkpoint.pt`` (``{"model": state_dict, ...}``, the selected step),
 ``retrieval_val.json`` and ``retrieval_test.json`` (``{"split", "n_pairs", "n_captions", "pair_to_text":
-{R@1, R@5, R@10, MedianR, MeanR, n}, "text_to_pair": {...}, "selected_step"}``), ``train_log.jsonl``, ``run.json``.
+{R@1, R@5, R@10, R@20, R@50, MedianR, MeanR, n}, "text_to_pair": {...}, "selected_step"}``), ``train_log.jsonl``, ``run.json``.
 """
 
 from __future__ import annotations
@@ -89,6 +89,10 @@ class TextTokens:
 
 
 # ------------------------------------------------------------------------------------------ retrieval
+# R@1/5/10 as CLEVR-Change's Table 6 reports them; R@20/50 for Spot-the-Diff's (R@10/20/50). Selection: rsum.
+RECALL_AT = (1, 5, 10, 20, 50)
+
+
 def pair_text_metrics(sim: np.ndarray, caption_pair: np.ndarray) -> dict:
     """``sim`` [captions, pairs] (cosine), ``caption_pair[c]`` the pair caption c describes.
 
@@ -101,7 +105,8 @@ def pair_text_metrics(sim: np.ndarray, caption_pair: np.ndarray) -> dict:
     by_set = np.full((n_pairs, n_pairs), -np.inf)  # [query pair, caption set]
     for q in range(n_pairs):
         by_set[:, q] = sim[caption_pair == q].max(0)
-    return {"pair_to_text": retrieval_metrics(by_set), "text_to_pair": retrieval_metrics(sim, caption_pair)}
+    return {"pair_to_text": retrieval_metrics(by_set, ks=RECALL_AT),
+            "text_to_pair": retrieval_metrics(sim, caption_pair, ks=RECALL_AT)}
 
 
 def rsum(metrics: dict) -> float:

@@ -50,6 +50,7 @@ def check_references(config: dict, source: str = "config") -> None:
     config, so a typo stops the run before any job (a wrong ``init_from`` otherwise only shows as a missing
     input, or as nothing to do while stale results stay)."""
     pretraining, methods, datasets = (config.get(k) or {} for k in ("pretraining", "methods", "datasets"))
+    from pipeline import paper_numbers as pn
     from pipeline.models import lookup
 
     for m, block in methods.items():
@@ -67,6 +68,13 @@ def check_references(config: dict, source: str = "config") -> None:
         if dataset not in datasets:
             raise PipelineError(f"{source}: tables.{t}: dataset {dataset!r} is not under datasets"
                                 + ("" if "dataset" in block else f" (set tables.{t}.dataset)"))
+        for m in block.get("paper_only", []):
+            if m in methods:
+                raise PipelineError(f"{source}: tables.{t}.paper_only: {m!r} is a method under methods (list it under "
+                                    f"tables.{t}.methods)")
+            if pn.lookup(dataset, "total", m) is None:
+                raise PipelineError(f"{source}: tables.{t}.paper_only: no paper row of {m!r} for dataset {dataset!r} "
+                                    "in pipeline/paper_numbers.py")
 
 
 def merge(base: dict, over: dict) -> dict:

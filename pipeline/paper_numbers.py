@@ -1,4 +1,5 @@
-"""Numbers the five papers report, transcribed by hand from ``shared/seeds/*.md`` (x100, as printed).
+"""Numbers the five papers report, transcribed by hand from ``shared/seeds/*.md`` (x100, as printed; the aux
+paper's Spot-the-Diff Table 3 prints fractions, 0.081, which are x100 here like every other number).
 
 Each ``PaperRow`` is one row of one paper table for one method id and one block:
 
@@ -7,12 +8,15 @@ Each ``PaperRow`` is one row of one paper table for one method id and one block:
   (the aux paper's Table 2 layout, SCORER's Tables 1 and 7);
 - ``by_type``: one metric (``metric``: CIDEr, METEOR or SPICE) per change type: Color, Texture (= our
   ``material``), Add, Drop, Move, Distractor (= ``no_change``). The papers' per-type scores are re-scored on
-  each type's subset (DUDA's convention), i.e. our ``by_type.subset_idf``.
+  each type's subset (DUDA's convention), i.e. our ``by_type.subset_idf``. Rows exist for CLEVR-Change
+  only (Spot-the-Diff has no change types at all).
 
 Values a table does not report are None (printed "-" in the papers). Where one method is reported by several
 papers, the method's own paper is the source of its row; DUDA's own paper (Park et al., ICCV 2019) is not among
 the seeds, so DUDA's rows come from the aux paper, which quotes it ("Numbers are taken from respective
-papers"). Disagreements between papers are kept in ``note``.
+papers"). Disagreements between papers are kept in ``note``. A few rows are of systems no method of this pipeline
+implements (DDLA, the Spot-the-Diff paper's model): a table shows them when its config block lists them under
+``paper_only``.
 
 Seeds (file names under ``shared/seeds/``): ``aux`` = aux-task-duda-tirg-cvpr2021.md,
 ``pcl`` = idc-pcl-pretraining-aaai2022.md, ``scorer`` = scorer-cbr-iccv2023.md,
@@ -68,7 +72,7 @@ def _t(color=None, texture=None, add=None, drop=None, move=None, distractor=None
 
 def _rows() -> list[PaperRow]:
     R = PaperRow
-    cc, dc = "clevr_change", "clevr_dc"
+    cc, dc, sd = "clevr_change", "clevr_dc", "spot_the_diff"
     rows = [
         # ---------------------------------------------------------------- CLEVR-Change, whole test split
         R("duda", cc, "total", f"{AUX} Table 1", _m(b4=47.3, m=33.9, c=112.3, s=24.5), label="DUDA [25]",
@@ -189,6 +193,29 @@ def _rows() -> list[PaperRow]:
         R("transformer_ccr", dc, "total", f"{DIRL} Table 6", _m(b4=49.3, r=65.5, c=82.7, s=16.4), label="Transformer + CCR"),
         R("dirl_nonpert", dc, "total", f"{DIRL} Table 7", _m(b4=50.7, r=65.2, c=79.3, s=16.2), label="DIRL, non-perturbation only"),
         R("dirl_discrim", dc, "total", f"{DIRL} Table 7", _m(b4=50.1, r=65.1, c=79.5, s=16.2), label="DIRL, discrimination only"),
+        # ---------------------------------------------------------------- Spot-the-Diff (whole test split)
+        # Every pair is changed (no distractors, no change types): no changed / distractor / by_type rows.
+        R("duda", sd, "total", f"{AUX} Table 3", _m(b4=8.1, m=11.8, r=29.1, c=32.5), label="DUDA",
+          note=f"printed as fractions (0.081, ...); {CLIP} Table 3 prints DUDA (2019) as B 8.1, M 11.5, C 34.0, "
+               f"R 28.3, the numbers of the aux Table 3 DDLA row"),
+        R("duda_aux", sd, "total", f"{AUX} Table 3", _m(b4=8.1, m=12.5, r=29.9, c=34.5), label="Ours",
+          note=f"printed as fractions (0.081, ...); same in {CLIP} Table 3 (DUDA+Aux) and {DIRL} Table 1 (DUDA+TIRG)"),
+        R("scorer", sd, "total", f"{SCORER} Table 5 (ROUGE-L: Table 12)", _m(b4=9.4, m=13.8, r=32.0, c=38.5, s=19.3),
+          label="SCORER", note="Table 5 has no ROUGE-L column; Table 12 (supplementary ablation) repeats the other four"),
+        R("scorer_cbr", sd, "total", f"{SCORER} Table 5 (ROUGE-L: Table 12)", _m(b4=10.2, m=12.2, r=31.9, c=38.9, s=18.4),
+          label="SCORER+CBR", note=f"Table 12 repeats the other four; {DIRL} Table 1 prints METEOR 13.2 (and no ROUGE-L)"),
+        R("dirl", sd, "total", f"{DIRL}", _m(), label="",
+          note="not reported on Spot-the-Diff (Table 1 has DIRL+CCR only)"),
+        R("dirl_ccr", sd, "total", f"{DIRL} Table 1", _m(b4=10.3, m=13.8, r=32.8, c=40.9, s=19.9), label="DIRL+CCR (Ours)"),
+        R("clip_ft", sd, "total", f"{CLIP} Table 5", _m(b4=11.0, m=12.8, r=33.5, c=43.3), label="CLIP-FT"),
+        R("clip4idc_no_adapt", sd, "total", f"{CLIP} Table 5", _m(b4=11.0, m=12.9, r=33.4, c=43.0),
+          label="CLIP4IDC without the retrieval adaptation loss"),
+        R("clip4idc", sd, "total", f"{CLIP} Table 3", _m(b4=11.6, m=14.2, r=35.0, c=47.4), label="CLIP4IDC",
+          note="same in Table 5"),
+        # DDLA (Jhamtani & Berg-Kirkpatrick 2018): a paper-only row (no method of this pipeline; a table shows it
+        # through `paper_only:`). Its released re-run predictions are scored by workflow/scripts/score_ddla.py.
+        R("ddla", sd, "total", f"{AUX} Table 3", _m(b4=8.1, m=11.5, r=28.3, c=34.0), label="DDLA [13]",
+          note=f"printed as fractions (0.081, ...); {CLIP} Table 3 prints DDLA (2018) as B 8.5, M 12.0, C 32.8, R 28.6"),
     ]
     return rows
 
@@ -231,8 +258,12 @@ def lookup(dataset: str, block: str, method: str, metric: str | None = None) -> 
 # Image pair -> text ("P2T") and text -> image pair ("T2P"): R@K in %, median / mean rank as printed.
 # Run ids are the adaptation runs (`pretraining:` blocks): `clip4idc_adapt` (Table 6) and the Table 7 layer
 # splits `clip4idc_adapt_intra{N}_inter{M}` (the adaptation each `clip4idc_frozen_intra{N}_inter{M}` starts from).
+# Table 6 reports Spot-the-Diff at R@10/20/50 instead: R@20 and R@50 are further columns, in this order, that a
+# retrieval table shows only where one of its paper rows has them (``pipeline.retrieval_tables.table_columns``).
 RETRIEVAL_COLUMNS = ("P2T R@1", "P2T R@5", "P2T R@10", "P2T MdR", "P2T MnR",
                      "T2P R@1", "T2P R@5", "T2P R@10", "T2P MdR", "T2P MnR")
+RETRIEVAL_ALL_COLUMNS = ("P2T R@1", "P2T R@5", "P2T R@10", "P2T R@20", "P2T R@50", "P2T MdR", "P2T MnR",
+                         "T2P R@1", "T2P R@5", "T2P R@10", "T2P R@20", "T2P R@50", "T2P MdR", "T2P MnR")
 
 
 @dataclass(frozen=True)
@@ -261,6 +292,10 @@ def _retrieval_rows() -> list[RetrievalRow]:
     ):
         out.append(RetrievalRow(f"clip4idc_adapt_intra{n_intra}_inter{n_inter}", cc, f"{CLIP} Table 7",
                                 dict(zip(RETRIEVAL_COLUMNS, vals)), label=f"N_intra={n_intra}, N_inter={n_inter}"))
+    out.append(RetrievalRow("clip4idc_adapt", "spot_the_diff", f"{CLIP} Table 6",
+                            dict(zip(("P2T R@10", "P2T R@20", "P2T R@50", "T2P R@10", "T2P R@20", "T2P R@50"),
+                                     (3.7, 7.3, 16.8, 6.2, 10.5, 20.0))),
+                            label="CLIP4IDC", note="Spot-the-Diff is reported at R@10/20/50 (no R@1/5, no ranks)"))
     return out
 
 

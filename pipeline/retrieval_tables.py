@@ -5,9 +5,10 @@ Table 7), from adaptation runs, with the paper's numbers beside them.
 --out results/tables/clevr_change_retrieval.csv``. Each run dir holds ``run.json`` and ``retrieval_test.json``
 (written by ``adapt-clip4idc``). Rows: one per adaptation run name (mean ± sample std over its seeds), then the
 paper rows (``pipeline.paper_numbers.RETRIEVAL_ROWS``) of the runs present and of ``--paper-runs``. Columns:
-image pair → text (P2T) and text → image pair (T2P) R@1/5/10 in %, median and mean rank; as in the captioning
-tables (``pipeline.tables``), each run row names its configuration in short and its selected step, and the long
-notes are footnotes written once (Markdown) and in ``<stem>.meta.json``. CSV + Markdown + sidecar.
+image pair → text (P2T) and text → image pair (T2P) R@1/5/10 in %, median and mean rank, and R@20/50 where a
+paper row reports them (``table_columns``); as in the captioning tables (``pipeline.tables``), each run row names
+its configuration in short and its selected step, and the long notes are footnotes written once (Markdown) and
+in ``<stem>.meta.json``. CSV + Markdown + sidecar.
 """
 
 from __future__ import annotations
@@ -23,12 +24,19 @@ from pipeline.errors import PipelineError
 from pipeline.tables import DATASET_NAMES, Footnotes, describe_run, md_footnotes, md_table, write_csv
 from pipeline.utils.io import atomic_path, read_json
 
-# column -> (direction, key, scale)
+# column -> (direction, key, scale): every column a table may have; R@20 and R@50 only where a paper row reports them
 COLUMNS = {f"{d} {k}": (direction, k, 100.0 if k.startswith("R@") else 1.0)
            for d, direction in (("P2T", "pair_to_text"), ("T2P", "text_to_pair"))
-           for k in ("R@1", "R@5", "R@10", "MedianR", "MeanR")}
+           for k in ("R@1", "R@5", "R@10", "R@20", "R@50", "MedianR", "MeanR")}
 COLUMNS = {c.replace("MedianR", "MdR").replace("MeanR", "MnR"): v for c, v in COLUMNS.items()}
-assert tuple(COLUMNS) == pn.RETRIEVAL_COLUMNS
+assert tuple(COLUMNS) == pn.RETRIEVAL_ALL_COLUMNS and set(pn.RETRIEVAL_COLUMNS) <= set(COLUMNS)
+
+
+def table_columns(rows: list[dict]) -> list[str]:
+    """The columns of a table: ``paper_numbers.RETRIEVAL_COLUMNS``, plus each further one (R@20, R@50) that one
+    of its paper rows reports (CLIP4IDC reports Spot-the-Diff at R@10/20/50), in ``COLUMNS`` order."""
+    extra = {c for r in rows if r["kind"] == "paper" for c in COLUMNS if r.get(c, (None,))[0] is not None}
+    return [c for c in COLUMNS if c in pn.RETRIEVAL_COLUMNS or c in extra]
 
 
 def _mean_std(values: list[float]) -> tuple[float | None, float | None]:
@@ -79,8 +87,9 @@ def table_rows(groups: list[dict], dataset: str, paper_runs=(), notes: Footnotes
                "weights": " ".join(weights.split("(")[0].split()), "seeds": ",".join(map(str, g["seeds"])),
                "n_pairs": ",".join(str(n) for n in sorted({r["n_pairs"] for r in g["results"]})),
                "notes": notes.refs(["; ".join(caveats) + (": not comparable to the paper rows" if caveats else "")])}
-        for col, (direction, key, scale) in COLUMNS.items():
-            row[col] = _mean_std([r[direction][key] * scale for r in g["results"]])
+        for col, (direction, key, scale) in COLUMNS.items():  # a key missing from a run (older runs: R@20, R@50) is n/a
+            vals = [r[direction].get(key) for r in g["results"]]
+            row[col] = (None, None) if None in vals else _mean_std([v * scale for v in vals])
         rows.append(row)
     wanted = list(dict.fromkeys([g["run"] for g in groups] + list(paper_runs)))
     for r in pn.retrieval_rows(dataset, wanted):
@@ -102,10 +111,11 @@ def write(groups: list[dict], dataset: str, out: str | Path, paper_runs=()) -> l
     out = Path(out)
     notes = Footnotes()
     rows = table_rows(groups, dataset, paper_runs, notes)
-    write_csv(out, rows, list(COLUMNS), info=INFO)
+    columns = table_columns(rows)
+    write_csv(out, rows, columns, info=INFO)
     md = out.with_suffix(".md")
     with atomic_path(md) as tmp:
-        tmp.write_text(PREAMBLE + "\n" + md_table(rows, list(COLUMNS), info=MD_INFO) + md_footnotes(rows, notes),
+        tmp.write_text(PREAMBLE + "\n" + md_table(rows, columns, info=MD_INFO) + md_footnotes(rows, notes),
                        encoding="utf-8")
     meta = out.with_suffix(".meta.json")
     with atomic_path(meta) as tmp:

@@ -35,7 +35,7 @@ rule table:
     params:
         dataset=lambda w: table_dataset(w.table),
         runs=lambda w: table_runs(w.table),
-        paper=lambda w: " ".join(table_cfg(w.table)["methods"]),
+        paper=lambda w: " ".join(table_cfg(w.table)["methods"] + table_cfg(w.table).get("paper_only", [])),
         orderings=lambda w: table_orderings(w.table),
     log:
         "logs/tables/{table}.log",

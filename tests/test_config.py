@@ -37,6 +37,13 @@ def test_unknown_key_is_named_with_its_place():
     (lambda c: c.update(seeds=[0, 0]), r"seeds: \[0, 0\] has non-unique elements"),
     (lambda c: c["tables"].update(clevr_chnage={"methods": ["duda"]}),
      r"tables\.clevr_chnage: dataset 'clevr_chnage' is not under datasets \(set tables\.clevr_chnage\.dataset\)"),
+    # paper-only rows: a typo, a row of another dataset, a trained method
+    (lambda c: c["tables"]["spot_the_diff"]["paper_only"].append("dlda"),
+     r"tables\.spot_the_diff\.paper_only: no paper row of 'dlda' for dataset 'spot_the_diff'"),
+    (lambda c: c["tables"]["clevr_change"].update(paper_only=["ddla"]),
+     r"tables\.clevr_change\.paper_only: no paper row of 'ddla' for dataset 'clevr_change'"),
+    (lambda c: c["tables"]["spot_the_diff"]["paper_only"].append("dirl"),
+     r"tables\.spot_the_diff\.paper_only: 'dirl' is a method under methods"),
 ])
 def test_references_between_blocks_are_checked(edit, message):
     cfg = yaml.safe_load((ROOT / ".test/config/config.yaml").read_text())

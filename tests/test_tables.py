@@ -164,15 +164,75 @@ def test_paper_numbers_pinned_and_cited():
 
 @pytest.mark.skipif(not SEEDS_DIR.is_dir(), reason="shared/seeds not present")
 def test_paper_numbers_appear_in_seed_files():
-    """Every transcribed value occurs in the cited seed file (a guard against typos)."""
+    """Every transcribed value occurs in the cited seed file (a guard against typos); a table printed as fractions
+    (the aux paper's Spot-the-Diff Table 3: 0.081) is x100 in the file."""
     import re
 
-    for r in pn.PAPER_ROWS:
+    for r in list(pn.PAPER_ROWS) + list(pn.RETRIEVAL_ROWS):
         text = re.sub(r"</?[a-z]+>", "", (SEEDS_DIR / r.source.split()[0]).read_text(encoding="utf-8"))
         numbers = {f"{float(x):.1f}" for x in re.findall(r"\d+\.\d+|\d+", text)}
+        numbers |= {f"{float(x) * 100:.1f}" for x in re.findall(r"\b0\.\d{3}\b", text)}
         for k, v in r.values.items():
             if v is not None:
-                assert f"{v:.1f}" in numbers, (r.method, r.block, k, v)
+                assert f"{v:.1f}" in numbers, (getattr(r, "method", getattr(r, "run", None)), k, v)
+
+
+def test_spot_the_diff_paper_numbers_pinned_and_cited():
+    aux, clip, scorer, dirl = (f"{f} Table {n}" for f, n in ((pn.AUX, 3), (pn.CLIP, 3), (pn.SCORER, 5), (pn.DIRL, 1)))
+    sd = "spot_the_diff"
+    # aux Table 3 prints B4 C M R as fractions
+    assert pn.lookup(sd, "total", "ddla").values == {"BLEU-4": 8.1, "METEOR": 11.5, "ROUGE-L": 28.3, "CIDEr": 34.0, "SPICE": None}
+    assert pn.lookup(sd, "total", "duda").values == {"BLEU-4": 8.1, "METEOR": 11.8, "ROUGE-L": 29.1, "CIDEr": 32.5, "SPICE": None}
+    assert pn.lookup(sd, "total", "duda_tirg").value("CIDEr") == 34.5  # alias of duda_aux
+    assert {pn.lookup(sd, "total", m).source for m in ("ddla", "duda", "duda_aux")} == {aux}
+    assert pn.lookup(sd, "total", "clip4idc").source == clip and pn.lookup(sd, "total", "clip4idc").value("ROUGE-L") == 35.0
+    assert pn.lookup(sd, "total", "clip_ft").value("CIDEr") == 43.3  # only in Table 5
+    assert pn.lookup(sd, "total", "scorer_cbr").source.startswith(scorer)
+    assert pn.lookup(sd, "total", "scorer_cbr").values == {"BLEU-4": 10.2, "METEOR": 12.2, "ROUGE-L": 31.9, "CIDEr": 38.9,
+                                                           "SPICE": 18.4}
+    assert pn.lookup(sd, "total", "dirl_ccr").source == dirl and pn.lookup(sd, "total", "dirl_ccr").value("SPICE") == 19.9
+    assert all(v is None for v in pn.lookup(sd, "total", "dirl").values.values())  # Table 1 has DIRL+CCR only
+    assert pn.rows(sd, "changed") == pn.rows(sd, "distractor") == pn.rows(sd, "by_type") == []
+    (ret,) = pn.retrieval_rows(sd)
+    assert ret.values == {"P2T R@10": 3.7, "P2T R@20": 7.3, "P2T R@50": 16.8, "T2P R@10": 6.2, "T2P R@20": 10.5,
+                          "T2P R@50": 20.0} and ret.source == f"{pn.CLIP} Table 6"
+
+
+def test_spot_the_diff_table_puts_the_papers_rows_beside_ours(tmp_path):
+    """As the `table` rule builds it: the table's methods and its `paper_only` DDLA as --paper-methods."""
+    runs = []
+    for method, kind, cider in (("dirl_ccr", "reproduced", 0.5), ("most_frequent", "sanity", 0.2)):
+        d = _run(tmp_path, method, 0, kind, cider=cider, dataset="spot_the_diff")
+        m = json.loads((d / "metrics.json").read_text())
+        m["distractor"] = {**{k: None for k in m["distractor"]}, "n_pairs": 0}
+        m["by_type"] = {"subset_idf": {"change": _block(cider, n=20)}, "global_idf": {"change": {"CIDEr": cider, "n_pairs": 20}}}
+        write_json(d / "metrics.json", m)
+        runs.append(d)
+    out = tmp_path / "tables" / "spot_the_diff.csv"
+    assert main(["table", "--dataset", "spot_the_diff", "--runs", *map(str, runs), "--out", str(out),
+                 "--paper-methods", "duda", "dirl_ccr", "ddla"]) == 0
+    rows = _read(out)
+    assert [(r["method"], r["kind"]) for r in rows] == [
+        ("dirl_ccr", "reproduced"), ("most_frequent", "sanity"), ("duda", "paper"), ("dirl_ccr", "paper"), ("ddla", "paper")]
+    got = {(r["method"], r["kind"]): r for r in rows}
+    assert got[("dirl_ccr", "reproduced")]["CIDEr"] == "50.0" and got[("dirl_ccr", "reproduced")]["source"] == "synthetic Spot-the-Diff"
+    ours, paper = got[("dirl_ccr", "reproduced")], got[("dirl_ccr", "paper")]
+    assert (paper["CIDEr"], paper["SPICE"], paper["source"]) == ("40.9", "19.9", "dirl-ccr-eccv2024.md Table 1")
+    assert ours["CIDEr"] != paper["CIDEr"]
+    ddla = got[("ddla", "paper")]
+    assert (ddla["BLEU-4"], ddla["METEOR"], ddla["ROUGE-L"], ddla["CIDEr"], ddla["SPICE"]) == ("8.1", "11.5", "28.3", "34.0", "n/a")
+    assert ddla["source"] == "aux-task-duda-tirg-cvpr2021.md Table 3"
+    notes = json.loads(out.with_suffix(".meta.json").read_text())["notes"]
+    assert "paper row 'DDLA [13]'" in notes[ddla["notes"]] and "8.5" in notes[ddla["notes"]]  # CLIP4IDC's other DDLA row
+    assert got[("duda", "paper")]["CIDEr"] == "32.5"  # Spot-the-Diff's, not CLEVR-Change's 112.3
+    md = out.with_suffix(".md").read_text()
+    assert "| ddla | paper | aux-task-duda-tirg-cvpr2021.md Table 3 |" in md
+    # no paper rows where the papers report none: changed / distractor pairs, change types
+    assert [r["kind"] for r in _read(out.parent / "spot_the_diff_pairs.csv")] == ["reproduced", "sanity"] * 2
+    assert [r["kind"] for r in _read(out.parent / "spot_the_diff_by_type.csv")] == ["reproduced", "sanity"]
+    # without --paper-methods naming it, DDLA (no method of ours) is not shown
+    main(["table", "--dataset", "spot_the_diff", "--runs", *map(str, runs), "--out", str(out), "--paper-methods"])
+    assert [(r["method"], r["kind"]) for r in _read(out) if r["kind"] == "paper"] == [("dirl_ccr", "paper")]
 
 
 IDC_PCL_CONFIG = {"backbone": "resnet101_layer4", "init_from": "idc_pcl_pretrain",
@@ -297,6 +357,32 @@ def test_retrieval_table_shares_the_compact_columns_and_notes(tmp_path):
     caveat = notes[ours["notes"]]
     assert "not comparable to the paper rows" in caveat and "CLIP random(seed=0)" in caveat
     assert out.with_suffix(".md").read_text().count(caveat) == 1
+
+
+def test_retrieval_table_shows_the_recall_levels_its_paper_rows_report(tmp_path):
+    """CLIP4IDC Table 6 reports Spot-the-Diff at R@10/20/50: its table gains R@20/R@50, CLEVR-Change's does not; a
+    run without them (written before they were computed) shows n/a."""
+    direction = {"R@1": 0.1, "R@5": 0.3, "R@10": 0.5, "R@20": 0.7, "R@50": 0.9, "MedianR": 9.0, "MeanR": 12.5}
+    cols = {}
+    for dataset, keys in (("spot_the_diff", direction), ("clevr_change", direction),
+                          ("spot_the_diff", {k: v for k, v in direction.items() if k not in ("R@20", "R@50")})):
+        d = tmp_path / dataset / str(len(keys)) / "clip4idc_adapt" / "seed0"
+        write_json(d / "run.json", {"method": "clip4idc_adapt", "dataset": dataset, "seed": 0, "kind": "reproduced",
+                                    "source": "synthetic", "backbone": "clip_pixels224", "weights": "CLIP random(seed=0)",
+                                    "selected_step": 2, "config": {}})
+        write_json(d / "retrieval_test.json", {"split": "test", "n_pairs": 6, "pair_to_text": keys, "text_to_pair": keys})
+        out = tmp_path / "tables" / f"{dataset}_{len(keys)}_retrieval.csv"
+        assert main(["retrieval-table", "--dataset", dataset, "--runs", str(d), "--out", str(out),
+                     "--paper-runs", "clip4idc_adapt"]) == 0
+        rows = {r["kind"]: r for r in _read(out)}
+        cols[(dataset, len(keys))] = [c for c in rows["paper"] if c.startswith(("P2T", "T2P")) and not c.endswith("std")]
+        if dataset == "spot_the_diff":
+            assert (rows["paper"]["P2T R@10"], rows["paper"]["T2P R@50"], rows["paper"]["P2T R@1"]) == ("3.7", "20.0", "n/a")
+            assert rows["paper"]["source"] == "clip4idc-aacl2022.md Table 6"
+            assert rows["reproduced"]["T2P R@20"] == ("70.0" if len(keys) == 7 else "n/a")
+            assert "| P2T R@50 |" in out.with_suffix(".md").read_text()
+    assert cols[("clevr_change", 7)] == list(pn.RETRIEVAL_COLUMNS)
+    assert cols[("spot_the_diff", 7)] == cols[("spot_the_diff", 5)] == list(pn.RETRIEVAL_ALL_COLUMNS)
 
 
 def test_by_type_table_of_a_dataset_without_clevr_types(tmp_path):

@@ -202,6 +202,34 @@ def test_spot_the_diff_data_stages_run_through_the_dag(workdir):
         assert f["features"].shape[0] == 60 and f.attrs["complete"]
 
 
+def test_spot_the_diff_table_through_the_generic_rules(workdir):
+    """Issue 14: the Spot-the-Diff table (here two of its methods, .test config) from the synthetic parking lot:
+    plain pairs through train / decode_test / evaluate, the one type `change`, and the papers' Spot-the-Diff rows
+    (DDLA as a paper-only row) beside ours."""
+    smk(workdir, "results/tables/spot_the_diff.csv")
+    n_test = sum(json.loads(line)["split"] == "test"
+                 for line in (workdir / "results/spot_the_diff/manifest.jsonl").read_text().splitlines())
+    t = pd.read_csv(workdir / "results/tables/spot_the_diff.csv", dtype=str)
+    assert list(zip(t["method"], t["kind"])) == [
+        ("scorer_cbr", "reproduced"), ("dirl_ccr", "reproduced"), ("most_frequent", "sanity"),
+        ("nearest_neighbour", "sanity"), ("scorer_cbr", "paper"), ("dirl_ccr", "paper"), ("ddla", "paper")]
+    ours = t[t["kind"] != "paper"]
+    assert set(ours["source"]) == {"synthetic Spot-the-Diff"} and set(ours["n_pairs"]) == {str(n_test)}
+    paper = t[t["kind"] == "paper"].set_index("method")
+    assert (paper.loc["ddla", "CIDEr"], paper.loc["ddla", "source"]) == ("34.0", "aux-task-duda-tirg-cvpr2021.md Table 3")
+    assert (paper.loc["dirl_ccr", "CIDEr"], paper.loc["dirl_ccr", "source"]) == ("40.9", "dirl-ccr-eccv2024.md Table 1")
+    assert paper.loc["scorer_cbr", "source"] == "scorer-cbr-iccv2023.md Table 5 (ROUGE-L: Table 12)"
+    for m in ("scorer_cbr", "dirl_ccr"):
+        run = json.loads((workdir / f"results/spot_the_diff/{m}/seed0/run.json").read_text())
+        assert run["pairing"] == "plain" and run["dataset"] == "spot_the_diff"
+        metrics = json.loads((workdir / f"results/spot_the_diff/{m}/seed0/metrics.json").read_text())
+        assert list(metrics["by_type"]["subset_idf"]) == ["change"] and metrics["distractor"]["n_pairs"] == 0
+        assert metrics["by_type"]["subset_idf"]["change"]["n_pairs"] == n_test
+    bt = pd.read_csv(workdir / "results/tables/spot_the_diff_by_type.csv", dtype=str)
+    assert "change" in bt.columns and "Color" not in bt.columns and set(bt["kind"]) == {"reproduced", "sanity"}
+    assert (workdir / "results/spot_the_diff/plots/spot_the_diff_val_cider.png").stat().st_size > 0
+
+
 def test_spot_the_diff_official_offline_says_what_to_place_where(tmp_path):
     _, log = _official_offline(tmp_path, "spot_the_diff")
     assert "place it at resources/raw/spot_the_diff/official/resized_images.zip" in log
