@@ -117,7 +117,9 @@ def init_random_(model: nn.Module, seed: int, calibration: torch.Tensor | None =
     features chaotic: on the synthetic CLEVR-Change, the largest per-location feature change separated a
     semantic change from a camera/light distractor in 50% of triplets (chance), against 65% with zero-init
     residuals (84% for colour changes) and 88% on 14×14-downsampled pixels; DUDA then learnt only to say
-    "no change". With identity BatchNorm statistics a random ResNet-101 grows its activations to ~1e4-1e5 at layer3/layer4 (beyond
+    "no change". The price: the trunk reduces to the stem and the strided 1×1 shortcuts, so a layer3 cell reads
+    one 11×11-pixel patch every 16 pixels (layer4: every 32); measured alternatives (README, CLEVR-DC) gain
+    little. With identity BatchNorm statistics a random ResNet-101 grows its activations to ~1e4-1e5 at layer3/layer4 (beyond
     float16), so the BatchNorm running statistics are then calibrated (:func:`calibrate_batchnorm_`) on
     ``calibration``, a batch of normalised images — the extract stage passes a fixed sample of the
     dataset's own images (the extract stage then rescales the output to a fixed mean activation). Without
