@@ -35,7 +35,9 @@ def test_layout_is_the_release_and_the_parser_reads_it(ier):
     assert sorted(p.name for p in data.iterdir()) == ["images", "test.json", "train.json", "valid.json"]
     entries = _entries(ier)
     names = {e[k] for es in entries.values() for e in es for k in ("img0", "img1")}
-    assert {p.name for p in (data / "images").iterdir()} == names and len(names) == 2 * N
+    n_siblings = json.loads((ier / "SYNTHETIC.json").read_text())["counts"]["test"]["siblings_of_valid"]
+    assert n_siblings == round(world.SIBLING_FRACTION * 10) == 1
+    assert {p.name for p in (data / "images").iterdir()} == names and len(names) == 2 * N - n_siblings
     for e in (e for es in entries.values() for e in es):
         assert re.fullmatch(r"(Reddit|Zhopped)_\d+", e["uid"])
         m0 = re.fullmatch(r"(Reddit|Zhopped)\.com_([0-9a-z]{6})_\2\.(jpg|png|JPG|jpeg|gif)", e["img0"])
@@ -70,9 +72,23 @@ def test_valid_pairs_repeat_in_test_with_other_uids_and_requests(ier):
         assert e["uid"] != v["uid"] and not set(e["sents"]) & set(v["sents"])
     counts = parser.source_counts(ier / "data", "synthetic")
     assert counts["test"]["pairs_also_in_val"] == counts["val"]["pairs_also_in_test"] == 1
+    assert counts["test"]["images_also_in_val"] == 2 + 1  # the repeat's two files, the sibling's original
     assert counts["train"]["pairs_also_in_test"] == 0
     uids = [e["uid"] for es in entries.values() for e in es]
     assert len(uids) == len(set(uids))
+
+
+def test_a_sibling_edits_a_valid_original_another_way(ier):
+    """As the release's valid and test share originals edited differently: the same img0 file, another edit."""
+    entries, scenes = _entries(ier), _scenes(ier)
+    valid = {e["img0"]: e for e in entries["valid"]}
+    sibs = [e for e in entries["test"] if e["img0"] in valid and e["img1"] != valid[e["img0"]]["img1"]]
+    assert len(sibs) == 1
+    e, v = sibs[0], valid[sibs[0]["img0"]]
+    assert e["img1"].rsplit("_", 1)[0] == v["img0"].rsplit("_", 1)[0]  # a comment of the same post
+    assert e["uid"].split("_")[0] == v["uid"].split("_")[0]
+    s, sv = scenes[(e["img0"], e["img1"])], scenes[(v["img0"], v["img1"])]
+    assert s["scene"] == sv["scene"] and s["edit"]["kind"] != sv["edit"]["kind"]
 
 
 def test_every_request_states_its_edit(ier):

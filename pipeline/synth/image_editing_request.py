@@ -28,9 +28,11 @@ The release's quirks are reproduced: file names ``<Reddit|Zhopped>.com_<post>_<p
 and ``..._<comment>.<ext>`` (the edit), mixed extensions (``EXTENSIONS``: mostly ``.jpg`` and ``.png``, some
 ``.JPG`` / ``.jpeg``, rare ``.gif``), uids ``<Reddit|Zhopped>_<n>``, and pairs repeated across valid and test:
 ``DUP_FRACTION`` of the valid pairs occur again in test (the same two files, another uid and other requests;
-the release: 55 of 383), which the parser keeps and reports. Everything about a rendered pair draws from
-``default_rng([seed, index])``; the split and the repeats from ``default_rng([seed, SPLIT_STREAM])``: the world
-is the same for any worker count (``pipeline.synth.world``).
+the release: 55 of 383), which the parser keeps and reports; and ``SIBLING_FRACTION`` of the test pairs edit a
+valid pair's original another way (the same ``img0`` file, another kind of edit: the release shares 105 ``img0``
+files between valid and test, 55 of them the repeats). Everything about a rendered pair draws from
+``default_rng([seed, index])``; the split, the repeats and the siblings from ``default_rng([seed,
+SPLIT_STREAM])``: the world is the same for any worker count (``pipeline.synth.world``).
 """
 
 from __future__ import annotations
@@ -46,11 +48,12 @@ from pipeline.synth.world import add_pair_world_arguments, check_arguments, meta
 from pipeline.utils.io import atomic_path, read_json, write_json, write_jsonl
 
 GENERATOR = "pipeline.synth.image_editing_request"
-VERSION = "1.0.0"
+VERSION = "1.1.0"
 SUBDIRS = ("images",)
 SPLITS = ("train", "valid", "test")  # the release's file names
 DEFAULT_SPLIT_FRACTIONS = (0.78, 0.10, 0.12)  # of the rendered pairs (the release: 3,061 / 383 / 495 entries)
 DUP_FRACTION = 55 / 383  # valid pairs repeated in test (datasets.md §4)
+SIBLING_FRACTION = 50 / 495  # test pairs editing a valid pair's original otherwise (105 shared img0 - 55 repeats)
 SPLIT_STREAM = 1 << 40
 REQUESTS = {"train": 1, "valid": 3, "test": 3}  # requests per entry, as released
 POOL = 6  # distinct requests drawn per rendered pair: valid / test entries take 3, a repeat in test the next 3
@@ -348,11 +351,20 @@ def file_names(rng: np.random.Generator, index: int) -> tuple[str, str, str]:
     return src, f"{src}.com_{post}_{post}{e0}", f"{src}.com_{post}_{comment}{e1}"
 
 
-def make_pair(seed: int, index: int, width: int, height: int) -> dict:
+def make_pair(seed: int, index: int, width: int, height: int, parent: int | None = None) -> dict:
+    """Pair ``index``; with a ``parent`` (a sibling, ``splits_and_repeats``) it edits the parent's original, its
+    same file ``img0``, by another kind of edit (its ``img1`` a comment of the parent's post)."""
     rng = np.random.default_rng([int(seed), int(index)])
     src, img0, img1 = file_names(rng, index)
     scene = make_scene(rng, width, height)
+    other = None
+    if parent is not None:
+        p = make_pair(seed, parent, width, height)
+        src, img0, scene, other = p["source"], p["img0"], p["scene"], p["edit"]["kind"]
+        img1 = img0.rsplit("_", 1)[0] + "_" + img1.rsplit("_", 1)[1]
     edit = choose_edit(rng, scene)
+    while edit["kind"] == other:
+        edit = choose_edit(rng, scene)
     return {"index": int(index), "source": src, "img0": img0, "img1": img1, "scene": scene, "edit": edit,
             "requests": requests(rng, scene, edit)}
 
@@ -368,8 +380,9 @@ def run(args: argparse.Namespace) -> None:
              size=args.size, workers=args.workers, progress=not args.no_progress)
 
 
-def splits_and_repeats(seed: int, n_pairs: int, fractions) -> tuple[dict[str, list[int]], list[int]]:
-    """The rendered indices of each split (shuffled, in file order) and the valid indices repeated in test."""
+def splits_and_repeats(seed: int, n_pairs: int, fractions) -> tuple[dict[str, list[int]], list[int], dict[int, int]]:
+    """The rendered indices of each split (shuffled, in file order), the valid indices repeated in test, and the
+    siblings: test index -> the valid index whose original it edits otherwise."""
     rng = np.random.default_rng([int(seed), SPLIT_STREAM])
     order = [int(i) for i in rng.permutation(n_pairs)]
     n_valid = max(1, int(round(n_pairs * fractions[1])))
@@ -378,7 +391,10 @@ def splits_and_repeats(seed: int, n_pairs: int, fractions) -> tuple[dict[str, li
     splits = {"train": order[:n_train], "valid": order[n_train:n_train + n_valid], "test": order[n_train + n_valid:]}
     n_dup = int(round(DUP_FRACTION * n_valid))
     repeats = [int(i) for i in rng.choice(splits["valid"], size=n_dup, replace=False)] if n_dup else []
-    return splits, repeats
+    n_sib = min(int(round(SIBLING_FRACTION * n_test)), n_valid)
+    children = rng.choice(splits["test"], size=n_sib, replace=False)
+    parents = rng.choice(splits["valid"], size=n_sib, replace=False)
+    return splits, repeats, {int(c): int(p) for c, p in zip(children, parents)}
 
 
 def _save(path: Path, rgb: np.ndarray) -> None:
@@ -395,7 +411,8 @@ def _work(task) -> int:
     partial = Path(partial)
     w = params["image_size"]
     h = w * 3 // 4
-    pair = make_pair(params["seed"], index, w, h)
+    _, _, siblings = splits_and_repeats(params["seed"], params["n_pairs"], params["split_fractions"])
+    pair = make_pair(params["seed"], index, w, h, parent=siblings.get(index))
     before = draw(pair["scene"], w, h)
     after = apply_edit(pair["scene"], pair["edit"], before)
     folder = partial / "data" / SUBDIRS[0]
@@ -414,7 +431,8 @@ def _done(partial: Path, index: int) -> bool:
     return (folder / meta["img0"]).exists() and (folder / meta["img1"]).exists()
 
 
-def _finalize(partial: Path, params: dict, splits: dict[str, list[int]], repeats: list[int]) -> None:
+def _finalize(partial: Path, params: dict, splits: dict[str, list[int]], repeats: list[int],
+              siblings: dict[int, int]) -> None:
     data = partial / "data"
     metas = {i: read_json(meta_path(partial, i)) for s in SPLITS for i in splits[s]}
     counts = {}
@@ -433,6 +451,7 @@ def _finalize(partial: Path, params: dict, splits: dict[str, list[int]], repeats
                          "edits": dict(sorted({k: sum(metas[i]["edit"]["kind"] == k for i in splits[split])
                                                for k in EDITS}.items()))}
     counts["test"]["repeats_of_valid"] = len(repeats)
+    counts["test"]["siblings_of_valid"] = len(siblings)
     write_jsonl(partial / "scenes.jsonl", [{k: metas[i][k] for k in ("index", "img0", "img1", "scene", "edit")}
                                            for i in sorted(metas)])
     write_json(partial / "SYNTHETIC.json", {
@@ -448,11 +467,11 @@ def generate(out, n_pairs: int = 800, seed: int = 0, split_fractions=DEFAULT_SPL
              workers: int = 1, progress: bool = True, max_new_indices: int | None = None) -> bool:
     """Render the world into ``out`` (resumable, ``pipeline.synth.world``); True once complete."""
     fr = check_arguments("synth-image-editing-request", split_fractions, n_pairs, seed, workers, size)
-    splits, repeats = splits_and_repeats(seed, n_pairs, fr)
+    splits, repeats, siblings = splits_and_repeats(seed, n_pairs, fr)
     if not splits["train"]:
         raise PipelineError(f"--n-pairs {n_pairs} leaves no training pair with --split-fractions {fr}")
     params = {"generator": GENERATOR, "version": VERSION, "seed": int(seed), "n_pairs": int(n_pairs),
               "split_fractions": fr, "image_size": int(size)}
     return render_world(out, params, params, list(range(n_pairs)), _work, _done,
-                        lambda p: _finalize(p, params, splits, repeats), SUBDIRS, workers=workers,
+                        lambda p: _finalize(p, params, splits, repeats, siblings), SUBDIRS, workers=workers,
                         progress=progress, desc="synth-image-editing-request", max_new_indices=max_new_indices)
