@@ -17,6 +17,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "synth-clevr-change": ("pipeline.synth.clevr_change", "render the synthetic CLEVR-Change world in the official layout"),
     "synth-clevr-dc": ("pipeline.synth.clevr_dc", "render the synthetic CLEVR-DC world (drastic camera moves) in the release's layout"),
     "synth-spot-the-diff": ("pipeline.synth.spot_the_diff", "render the synthetic Spot-the-Diff world (a parking lot) in the release's layout"),
+    "synth-image-editing-request": ("pipeline.synth.image_editing_request", "render the synthetic Image Editing Request world (procedural photos and their edits) in the release's layout"),
     "fetch": ("pipeline.datasets.fetch", "download (or verify a hand-placed copy of) an official dataset release"),
     "manifest": ("pipeline.datasets.manifest", "parse a dataset's on-disk layout into the normalised manifest"),
     "inspect": ("pipeline.datasets.inspect_tree", "check a dataset tree (pairs, images, captions, types per split) as JSON"),

@@ -49,6 +49,24 @@ rule synth_spot_the_diff:
         "--size {params.cfg[size]} --workers {threads} --no-progress > {log} 2>&1"
 
 
+rule synth_image_editing_request:
+    """Render the synthetic Image Editing Request world (procedural photos and their edits) in the release's layout."""
+    output:
+        directory("resources/raw/image_editing_request/synthetic"),
+    params:
+        cfg=lambda w: sorted_cfg({"size": 224, "split_fractions": [0.78, 0.10, 0.12],
+                                  **dataset_cfg("image_editing_request")["synthetic"]}),
+    threads: lambda w: dataset_cfg("image_editing_request")["synthetic"].get("workers", 1)
+    log:
+        "logs/image_editing_request/synth.log",
+    benchmark:
+        "logs/benchmarks/image_editing_request/synth.tsv"
+    shell:
+        "python -m pipeline synth-image-editing-request --out {output} --n-pairs {params.cfg[n_pairs]} "
+        "--seed {params.cfg[seed]} --split-fractions {params.cfg[split_fractions]} "
+        "--size {params.cfg[size]} --workers {threads} --no-progress > {log} 2>&1"
+
+
 rule fetch_official:
     """Download the official release, or verify a copy placed by hand (message says what goes where)."""
     output:

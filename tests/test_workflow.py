@@ -202,6 +202,35 @@ def test_spot_the_diff_data_stages_run_through_the_dag(workdir):
         assert f["features"].shape[0] == 60 and f.attrs["complete"]
 
 
+def test_image_editing_request_data_stages_run_through_the_dag(workdir):
+    """Image Editing Request's data stages (issue 15, data half): synthetic photo edits -> manifest -> text and
+    features through the generic rules; one record per entry, the valid pair repeated in test kept in both."""
+    smk(workdir, "results/image_editing_request/manifest.jsonl", "results/image_editing_request/text/vocab.json",
+        "results/image_editing_request/features/resnet101_layer3.h5")
+    recs = [json.loads(line) for line in
+            (workdir / "results/image_editing_request/manifest.jsonl").read_text().splitlines()]
+    assert [sum(r["split"] == s for r in recs) for s in ("train", "val", "test")] == [31, 4, 5 + 1]
+    assert {r["change_type"] for r in recs} == {"change"} and len({r["pair_id"] for r in recs}) == 41
+    assert all(r["before"].startswith("images/") and r["after"].startswith("images/") for r in recs)
+    val = {(r["before"], r["after"]) for r in recs if r["split"] == "val"}
+    assert sum((r["before"], r["after"]) in val for r in recs if r["split"] == "test") == 1
+    assert {len(r["captions"]) for r in recs if r["split"] == "train"} == {1}
+    report = inspect_tree("image_editing_request", workdir / "resources/raw/image_editing_request/synthetic")
+    assert report["splits"]["test"]["pairs_also_in_val"] == 1 and report["n_warnings"] == 1
+    vocab = set(json.loads((workdir / "results/image_editing_request/text/vocab.json").read_text())["itow"])
+    assert {"the", "image"} <= vocab
+    with h5py.File(workdir / "results/image_editing_request/features/resnet101_layer3.h5") as f:
+        # every distinct image once: 40 pairs' two, less the original a test pair shares with a valid one
+        assert f["features"].shape[0] == 80 - 1 and f.attrs["complete"]
+
+
+def test_image_editing_request_official_offline_says_what_to_place_where(tmp_path):
+    _, log = _official_offline(tmp_path, "image_editing_request")
+    assert "place it at resources/raw/image_editing_request/official/images.zip" in log
+    for split in ("train", "valid", "test"):
+        assert f"place it at resources/raw/image_editing_request/official/data/{split}.json" in log
+
+
 def test_spot_the_diff_table_through_the_generic_rules(workdir):
     """Issue 14: the Spot-the-Diff table (here two of its methods, .test config) from the synthetic parking lot:
     plain pairs through train / decode_test / evaluate, the one type `change`, and the papers' Spot-the-Diff rows

@@ -20,6 +20,13 @@ last.
   folder the parser reads (``bef/`` or ``images/``; ``aft/`` or ``sc_images/``); anything else is an error
   naming the archive. A tree with ``images/`` and ``sc_images/`` (DIRL's renaming) placed by hand is used as it
   is.
+- Image Editing Request (§4): ``data/{train,valid,test}.json`` (sha256-checked) from ``airsplay/VisualRelationships``
+  at ``9bee562`` (``dataset/adobe/``) and the image files → ``data/images/``. The images are a Google Drive *folder*
+  mirrored as the archive.org item ``image-editing-dataset``; neither names an archive (datasets.md: names and
+  sizes unknown), so the fetcher asks archive.org for the item as one zip (``/compress/<item>``, archive.org's
+  "download all" link; what it holds is not documented: the image files at its root or under ``images/``, anything
+  else is an error naming the archive). Where that cannot be had, the message says to place the image files
+  from either location under ``data/images/`` (or a zip / tar of them as ``images.zip``).
 """
 
 from __future__ import annotations
@@ -39,6 +46,9 @@ from pipeline.utils.io import atomic_path, read_json, write_json
 
 GZIP, ZIP, JSON_OBJECT = b"\x1f\x8b", b"PK", b"{"
 CLEVR_DC_COMMIT = "47be3211fd21a09d1062f8a3a8833d213f026c79"  # hsgkim/clevr-dc: its single commit (datasets.md §2)
+IER_COMMIT = "9bee562ddb09e0872fd949bc1e7b1b3eaeb8e504"  # airsplay/VisualRelationships (datasets.md §4)
+IER_DRIVE = "https://drive.google.com/drive/folders/1p_hkPwRUiLl1RHV3DkzQk3ti-GzHzT7O"
+IER_ARCHIVE_ORG = "https://archive.org/details/image-editing-dataset"
 
 
 def _drive(file_id: str) -> dict:
@@ -58,6 +68,11 @@ RELEASES = {
         "archives": {"bef.tar.gz": _drive("1FeK--ilqYItdx6Fw6pLSWWNujylOovIT"),
                      "aft.tar.gz": _drive("1csIsr8IcwrOYAe-JAWQrcb3iu5RtaTK7")},
         "files": f"https://github.com/hsgkim/clevr-dc/raw/{CLEVR_DC_COMMIT}/{{name}}",
+    },
+    "image_editing_request": {
+        "archives": {"images.zip": {"page": f"{IER_ARCHIVE_ORG} or the Drive folder {IER_DRIVE} (every image file)",
+                                    "url": "https://archive.org/compress/image-editing-dataset"}},
+        "files": f"https://github.com/airsplay/VisualRelationships/raw/{IER_COMMIT}/dataset/adobe/{{name}}",
     },
 }
 
@@ -101,15 +116,22 @@ def parts_clevr_change(root: Path) -> list[Part]:
                           ready=(data / "splits.json",), hint=f"{data / 'splits.json'} exists")]
 
 
+def _split_files_and_image_zip(dataset: str, root: Path, module, json_path, archive: str, hint: str) -> list[Part]:
+    """A release of one JSON file per split (``module.SPLITS``, sha256 ``module.OFFICIAL_SHA256``, placed at
+    ``json_path(data, split)``) and one zip of its images, extracted to ``data/<module.IMAGES>``."""
+    data = root / "data"
+    images = data / module.IMAGES
+    return [*(_file_part(dataset, f"{s}.json", json_path(data, s), sha256=module.OFFICIAL_SHA256[s])
+              for s in module.SPLITS),
+            _archive_part(dataset, archive, root, images, magic=ZIP, flat=True, ready=(images,),
+                          hint=f"{images}/{hint} exist")]
+
+
 def parts_spot_the_diff(root: Path) -> list[Part]:
     from pipeline.datasets import spot_the_diff as sd
 
-    data = root / "data"
-    images = data / sd.IMAGES
-    return [*(_file_part("spot_the_diff", f"{s}.json", sd.annotation_path(data, s), sha256=sd.OFFICIAL_SHA256[s])
-              for s in sd.SPLITS),
-            _archive_part("spot_the_diff", "resized_images.zip", root, images, magic=ZIP, flat=True, ready=(images,),
-                          hint=f"{images}/<img_id>.png and <img_id>_2.png exist")]
+    return _split_files_and_image_zip("spot_the_diff", root, sd, sd.annotation_path, "resized_images.zip",
+                                      "<img_id>.png and <img_id>_2.png")
 
 
 def parts_clevr_dc(root: Path) -> list[Part]:
@@ -129,7 +151,15 @@ def parts_clevr_dc(root: Path) -> list[Part]:
     return parts
 
 
-PARTS = {"clevr_change": parts_clevr_change, "spot_the_diff": parts_spot_the_diff, "clevr_dc": parts_clevr_dc}
+def parts_image_editing_request(root: Path) -> list[Part]:
+    from pipeline.datasets import image_editing_request as ier
+
+    return _split_files_and_image_zip("image_editing_request", root, ier, ier.json_path, "images.zip",
+                                      "<img0 and img1 file names, e.g. Reddit.com_5fdtr1_5fdtr1.jpg>")
+
+
+PARTS = {"clevr_change": parts_clevr_change, "spot_the_diff": parts_spot_the_diff, "clevr_dc": parts_clevr_dc,
+         "image_editing_request": parts_image_editing_request}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -270,6 +300,22 @@ def verify_clevr_dc(data: Path) -> dict:
             "type_disagreements": len(disagreements), "type_disagreement_examples": disagreements[:SHOWN_WARNINGS]}
 
 
+def verify_image_editing_request(data: Path) -> dict:
+    """Parse as ``official`` (the JSON files' sha256, every image) and count against the release: pairs, requests
+    and distinct images per split, and the pairs repeated across splits (kept, reported)."""
+    from pipeline.datasets import image_editing_request as ier
+
+    warnings: list[str] = []
+    records = ier.parse(data, source="official", warnings=warnings)
+    counts = ier.source_counts(data, "official")
+    report = {"json_sha256": dict(ier.OFFICIAL_SHA256), "counts": counts, "pairs": len(records),
+              "parser_warnings": warnings}
+    got = {s: {k: counts[ier.SPLITS[s]][k] for k in c} for s, c in ier.OFFICIAL_COUNTS.items()}
+    if got != ier.OFFICIAL_COUNTS:
+        report["warning"] = f"counts differ from the release's {ier.OFFICIAL_COUNTS}"
+    return report
+
+
 def fetch_clevr_change(root: Path, no_download: bool) -> dict:
     obtain("clevr_change", root, no_download)
     return verify_clevr_change(root / "data")
@@ -285,7 +331,13 @@ def fetch_clevr_dc(root: Path, no_download: bool) -> dict:
     return verify_clevr_dc(root / "data")
 
 
-FETCHERS = {"clevr_change": fetch_clevr_change, "spot_the_diff": fetch_spot_the_diff, "clevr_dc": fetch_clevr_dc}
+def fetch_image_editing_request(root: Path, no_download: bool) -> dict:
+    obtain("image_editing_request", root, no_download)
+    return verify_image_editing_request(root / "data")
+
+
+FETCHERS = {"clevr_change": fetch_clevr_change, "spot_the_diff": fetch_spot_the_diff, "clevr_dc": fetch_clevr_dc,
+            "image_editing_request": fetch_image_editing_request}
 
 
 def run(args: argparse.Namespace) -> None:

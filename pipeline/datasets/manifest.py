@@ -15,7 +15,8 @@ from pipeline.utils.io import read_jsonl, write_jsonl
 NO_CHANGE = "no_change"
 
 PARSERS = {"clevr_change": "pipeline.datasets.clevr_change", "clevr_dc": "pipeline.datasets.clevr_dc",
-           "spot_the_diff": "pipeline.datasets.spot_the_diff"}
+           "spot_the_diff": "pipeline.datasets.spot_the_diff",
+           "image_editing_request": "pipeline.datasets.image_editing_request"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

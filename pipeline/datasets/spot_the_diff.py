@@ -27,13 +27,12 @@ released counts (``OFFICIAL_COUNTS``) are what ``python -m pipeline inspect spot
 from __future__ import annotations
 
 import collections
-import hashlib
 import re
 from pathlib import Path
 
 from pipeline.errors import PipelineError
+from pipeline.datasets.release import read_split_file, report
 from pipeline.text import has_word
-from pipeline.utils.io import read_json
 
 SPLITS = ("train", "val", "test")
 ANNOTATIONS = "annotations"
@@ -73,18 +72,9 @@ def read_annotations(data_dir: str | Path, source: str) -> dict[str, list[tuple[
     owner: dict[str, str] = {}
     for split in SPLITS:
         path = annotation_path(data_dir, split)
-        if not path.is_file():
-            raise PipelineError(f"Spot-the-Diff annotation file missing: {path}")
-        if source == "official":
-            digest = hashlib.sha256(path.read_bytes()).hexdigest()
-            if digest != OFFICIAL_SHA256[split]:
-                raise PipelineError(f"{path}: sha256 {digest} is not the released {split}.json's "
-                                    f"({OFFICIAL_SHA256[split]}; {path.stat().st_size} bytes, the release's "
-                                    f"{OFFICIAL_BYTES[split]}); re-download it from harsh19/spot-the-diff")
-        entries = read_json(path)
-        if not isinstance(entries, list):
-            raise PipelineError(f"{path}: expected a JSON list of {{'img_id', 'sentences'}} objects, "
-                                f"got {type(entries).__name__}")
+        entries = read_split_file(path, source, (OFFICIAL_SHA256[split], OFFICIAL_BYTES[split],
+                                                 "harsh19/spot-the-diff"),
+                                  "Spot-the-Diff annotation", "{'img_id', 'sentences'}")
         out[split] = []
         for i, e in enumerate(entries):
             if not isinstance(e, dict) or "img_id" not in e or "sentences" not in e:
@@ -187,9 +177,5 @@ def parse(data_dir: str | Path, source: str, generator_seed: int | None = None, 
         if no_sentence:
             local_warnings.append(f"{path}: {len(no_sentence)} img_id(s) left out, no sentence with a word: "
                                   f"{', '.join(no_sentence[:5])}{' ...' if len(no_sentence) > 5 else ''}")
-    if warnings is not None:
-        warnings.extend(local_warnings)
-    else:
-        for w in local_warnings:
-            print(f"Spot-the-Diff: {w}")
+    report(local_warnings, warnings, "Spot-the-Diff")
     return records

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.errors import PipelineError
-from pipeline.synth.world import meta_path, render_world, save_png
+from pipeline.synth.world import add_pair_world_arguments, check_arguments, meta_path, render_world, save_png
 from pipeline.utils.io import read_json, write_json, write_jsonl
 
 GENERATOR = "pipeline.synth.spot_the_diff"
@@ -520,14 +520,8 @@ def frames(pair: dict, width: int, height: int) -> tuple[np.ndarray, np.ndarray]
 
 # ---------------------------------------------------------------------------------------------------- world
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", required=True, help="output directory; data/ is created inside it")
-    parser.add_argument("--n-pairs", type=int, default=1000, help="distinct img_ids (default 1000; release 11,329)")
-    parser.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
-    parser.add_argument("--split-fractions", type=float, nargs=3, metavar=("TRAIN", "VAL", "TEST"),
-                        default=list(DEFAULT_SPLIT_FRACTIONS), help="split fractions (default 0.76 0.13 0.11)")
-    parser.add_argument("--workers", type=int, default=1, help="rendering processes (default 1)")
-    parser.add_argument("--size", type=int, default=224, help="image width and height in pixels (default 224)")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_pair_world_arguments(parser, (1000, "distinct img_ids; release 11,329"), DEFAULT_SPLIT_FRACTIONS,
+                             ("TRAIN", "VAL", "TEST"), "image width and height in pixels")
 
 
 def run(args: argparse.Namespace) -> None:
@@ -599,12 +593,7 @@ def _finalize(partial: Path, params: dict, splits: dict[str, list[int]]) -> None
 def generate(out, n_pairs: int = 1000, seed: int = 0, split_fractions=DEFAULT_SPLIT_FRACTIONS, workers: int = 1,
              size: int = 224, progress: bool = True, max_new_indices: int | None = None) -> bool:
     """Render the world into ``out`` (resumable, ``pipeline.synth.world``); True once complete."""
-    fr = [float(f) for f in split_fractions]
-    if len(fr) != 3 or any(f <= 0 for f in fr) or abs(sum(fr) - 1.0) > 1e-6:
-        raise PipelineError(f"--split-fractions {fr}: need three fractions > 0 that sum to 1")
-    if n_pairs < 10 or seed < 0 or workers < 1 or size < 64:
-        raise PipelineError(f"synth-spot-the-diff: bad arguments (n_pairs {n_pairs} >= 10, seed {seed} >= 0, "
-                            f"workers {workers} >= 1, size {size} >= 64)")
+    fr = check_arguments("synth-spot-the-diff", split_fractions, n_pairs, seed, workers, size)
     splits = ids_and_splits(seed, n_pairs, fr)
     if not splits["train"]:
         raise PipelineError(f"--n-pairs {n_pairs} leaves no training pair with --split-fractions {fr}")

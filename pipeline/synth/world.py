@@ -43,6 +43,32 @@ def remove_temporaries(data: Path, subdirs) -> None:
         p.unlink()
 
 
+def add_pair_world_arguments(parser, n_pairs: tuple[int, str], fractions, split_names, size_help: str) -> None:
+    """The options of a pair world's stage: ``--out``, ``--n-pairs`` (``n_pairs``: default, what it counts),
+    ``--seed``, ``--split-fractions`` (default ``fractions``, metavars ``split_names``), ``--size``,
+    ``--workers``, ``--no-progress``."""
+    parser.add_argument("--out", required=True, help="output directory; data/ is created inside it")
+    parser.add_argument("--n-pairs", type=int, default=n_pairs[0], help=f"{n_pairs[1]} (default {n_pairs[0]})")
+    parser.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
+    parser.add_argument("--split-fractions", type=float, nargs=3, metavar=tuple(split_names), default=list(fractions),
+                        help=f"split fractions (default {' '.join(map(str, fractions))})")
+    parser.add_argument("--size", type=int, default=224, help=f"{size_help} (default 224)")
+    parser.add_argument("--workers", type=int, default=1, help="rendering processes (default 1)")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def check_arguments(name: str, split_fractions, n_pairs: int, seed: int, workers: int, size: int) -> list[float]:
+    """The common arguments of a pair world's ``generate`` (three split fractions > 0 summing to 1, at least
+    10 pairs, images of at least 64 pixels); the fractions as floats. A bad one is a PipelineError."""
+    fr = [float(f) for f in split_fractions]
+    if len(fr) != 3 or any(f <= 0 for f in fr) or abs(sum(fr) - 1.0) > 1e-6:
+        raise PipelineError(f"--split-fractions {fr}: need three fractions > 0 that sum to 1")
+    if n_pairs < 10 or seed < 0 or workers < 1 or size < 64:
+        raise PipelineError(f"{name}: bad arguments (n_pairs {n_pairs} >= 10, seed {seed} >= 0, "
+                            f"workers {workers} >= 1, size {size} >= 64)")
+    return fr
+
+
 def render_world(out, params: dict, identity: dict, indices, work: Callable, done: Callable,
                  finalize: Callable, subdirs, workers: int = 1, progress: bool = True, desc: str = "synth",
                  max_new_indices: int | None = None) -> bool:
