@@ -316,32 +316,19 @@ def verify_image_editing_request(data: Path) -> dict:
     return report
 
 
-def fetch_clevr_change(root: Path, no_download: bool) -> dict:
-    obtain("clevr_change", root, no_download)
-    return verify_clevr_change(root / "data")
+# dataset -> the check of its extracted tree (parse as official, count against the release)
+VERIFIERS = {"clevr_change": verify_clevr_change, "spot_the_diff": verify_spot_the_diff, "clevr_dc": verify_clevr_dc,
+             "image_editing_request": verify_image_editing_request}
 
 
-def fetch_spot_the_diff(root: Path, no_download: bool) -> dict:
-    obtain("spot_the_diff", root, no_download)
-    return verify_spot_the_diff(root / "data")
-
-
-def fetch_clevr_dc(root: Path, no_download: bool) -> dict:
-    obtain("clevr_dc", root, no_download)
-    return verify_clevr_dc(root / "data")
-
-
-def fetch_image_editing_request(root: Path, no_download: bool) -> dict:
-    obtain("image_editing_request", root, no_download)
-    return verify_image_editing_request(root / "data")
-
-
-FETCHERS = {"clevr_change": fetch_clevr_change, "spot_the_diff": fetch_spot_the_diff, "clevr_dc": fetch_clevr_dc,
-            "image_editing_request": fetch_image_editing_request}
+def fetch(dataset: str, root: Path, no_download: bool) -> dict:
+    """Obtain ``dataset``'s release at ``root`` (``obtain``), then verify its ``data/`` tree."""
+    obtain(dataset, root, no_download)
+    return VERIFIERS[dataset](root / "data")
 
 
 def run(args: argparse.Namespace) -> None:
     root = Path(args.root)
-    report = FETCHERS[args.dataset](root, args.no_download)
+    report = fetch(args.dataset, root, args.no_download)
     write_json(root / "verified.json", {"dataset": args.dataset, **report})
     print(f"fetch: {args.dataset} verified at {root / 'data'}: {report}")

@@ -21,7 +21,6 @@ reference without a word; ``drop`` scores the pairs the parser keeps, with their
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
