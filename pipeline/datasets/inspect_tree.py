@@ -36,19 +36,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def summarise(records: list[dict]) -> dict:
+    """Per split (train, val, test, and any other a parser writes, e.g. NABirds' ``test`` only) the counts of
+    the module docstring; single-image records (docs/contracts.md: CUB, NABirds) give ``images`` and ``classes``
+    (distinct ``labels.class``) in place of ``pairs``, ``distinct_images`` and ``types``."""
     out: dict[str, dict] = {}
-    for split in ("train", "val", "test"):
+    for split in ("train", "val", "test", *sorted({r["split"] for r in records} - {"train", "val", "test"})):
         rs = [r for r in records if r["split"] == split]
         norm = [[re.sub(r"\s+", " ", c.strip().lower()) if isinstance(c, str) else "" for c in r["captions"]]
                 for r in rs]
+        if rs and "image" in rs[0]:
+            counts = {"images": len(rs), "classes": len({r["labels"].get("class") for r in rs})}
+        else:
+            counts = {"pairs": len(rs), "distinct_images": len({r["before"] for r in rs} | {r["after"] for r in rs})}
         out[split] = {
-            "pairs": len(rs),
-            "distinct_images": len({r["before"] for r in rs} | {r["after"] for r in rs}),
+            **counts,
             "captions": sum(len(c) for c in norm),
             "empty_captions": sum(1 for c in norm for x in c if not has_word(x)),
             "duplicate_captions": sum(len(c) - len(set(c)) for c in norm),
-            "types": dict(sorted(collections.Counter(r["change_type"] for r in rs).items())),
         }
+        if "pairs" in counts:
+            out[split]["types"] = dict(sorted(collections.Counter(r["change_type"] for r in rs).items()))
     return out
 
 

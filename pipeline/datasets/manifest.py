@@ -16,7 +16,10 @@ NO_CHANGE = "no_change"
 
 PARSERS = {"clevr_change": "pipeline.datasets.clevr_change", "clevr_dc": "pipeline.datasets.clevr_dc",
            "spot_the_diff": "pipeline.datasets.spot_the_diff",
-           "image_editing_request": "pipeline.datasets.image_editing_request"}
+           "image_editing_request": "pipeline.datasets.image_editing_request",
+           "birds_to_words": "pipeline.datasets.birds_to_words",
+           # single-image datasets (docs/contracts.md, "single-image records"): cross-task pre-training data
+           "cub": "pipeline.datasets.cub", "nabirds": "pipeline.datasets.nabirds"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -48,7 +51,9 @@ def run(args: argparse.Namespace) -> None:
         seed = json.loads(prov.read_text())["seed"]
     records = parser.parse(raw, source=args.source, generator_seed=seed)
     write_jsonl(args.out, records)
-    counts = collections.Counter((r["split"], r["change_type"]) for r in records)
     splits = collections.Counter(r["split"] for r in records)
-    print(f"manifest: {len(records)} pairs -> {args.out}; " + ", ".join(f"{s} {n}" for s, n in sorted(splits.items())))
-    print("by split and type: " + json.dumps({f"{s}/{t}": n for (s, t), n in sorted(counts.items())}))
+    what = "pairs" if not records or "before" in records[0] else "images"
+    print(f"manifest: {len(records)} {what} -> {args.out}; " + ", ".join(f"{s} {n}" for s, n in sorted(splits.items())))
+    if what == "pairs":
+        counts = collections.Counter((r["split"], r["change_type"]) for r in records)
+        print("by split and type: " + json.dumps({f"{s}/{t}": n for (s, t), n in sorted(counts.items())}))

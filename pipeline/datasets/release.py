@@ -40,3 +40,30 @@ def report(local: list[str], warnings: list[str] | None, dataset: str) -> None:
     else:
         for w in local:
             print(f"{dataset}: {w}")
+
+
+def read_columns(path: Path, n: int, what: str, rest: bool = False) -> list[list[str]]:
+    """The lines of a whitespace-separated text file of the CUB / NABirds releases (``<id> <value> ...``), each
+    split into ``n`` fields (``rest``: the last field is the rest of the line, a name with spaces); blank lines
+    skipped. A missing file or a short line is one PipelineError naming the file (and line)."""
+    if not path.is_file():
+        raise PipelineError(f"{what} file missing: {path}")
+    out = []
+    for i, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), start=1):
+        if not line.strip():
+            continue
+        fields = line.split(maxsplit=n - 1) if rest else line.split()
+        if len(fields) != n:
+            raise PipelineError(f"{path}: line {i}: expected {n} fields, got {line.strip()[:120]!r}")
+        out.append([f.strip() for f in fields])
+    return out
+
+
+def ids_unique(rows: list[list[str]], path: Path) -> dict[str, list[str]]:
+    """``rows`` keyed by their first field; a repeated id is a PipelineError naming the file."""
+    out: dict[str, list[str]] = {}
+    for r in rows:
+        if r[0] in out:
+            raise PipelineError(f"{path}: id {r[0]} occurs twice")
+        out[r[0]] = r[1:]
+    return out

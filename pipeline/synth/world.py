@@ -30,6 +30,20 @@ def save_png(path: Path, rgb: np.ndarray) -> None:
         Image.fromarray(np.ascontiguousarray(rgb, dtype=np.uint8)).save(tmp, format="PNG")
 
 
+IMAGE_FORMATS = {".jpg": "JPEG", ".jpeg": "JPEG", ".png": "PNG", ".gif": "GIF"}
+
+
+def save_image(path: Path, rgb: np.ndarray, quality: int = 92) -> None:
+    """An RGB image in the format its suffix names (``IMAGE_FORMATS``, JPEG at ``quality``), atomically; PIL's
+    encoders are deterministic, so the same pixels give the same bytes."""
+    from PIL import Image
+
+    fmt = IMAGE_FORMATS[path.suffix.lower()]
+    img = Image.fromarray(np.ascontiguousarray(rgb, dtype=np.uint8))
+    with atomic_path(path, sweep=False) as tmp:  # render_world sweeps each folder once, at the end
+        img.save(tmp, format=fmt, **({"quality": quality} if fmt == "JPEG" else {}))
+
+
 def meta_path(partial: Path, index: int) -> Path:
     return partial / "meta" / ("%06d.json" % index)
 
