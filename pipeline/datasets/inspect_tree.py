@@ -40,11 +40,12 @@ def summarise(records: list[dict]) -> dict:
     the module docstring; single-image records (docs/contracts.md: CUB, NABirds) give ``images`` and ``classes``
     (distinct ``labels.class``) in place of ``pairs``, ``distinct_images`` and ``types``."""
     out: dict[str, dict] = {}
+    single = bool(records) and "image" in records[0]
     for split in ("train", "val", "test", *sorted({r["split"] for r in records} - {"train", "val", "test"})):
         rs = [r for r in records if r["split"] == split]
         norm = [[re.sub(r"\s+", " ", c.strip().lower()) if isinstance(c, str) else "" for c in r["captions"]]
                 for r in rs]
-        if rs and "image" in rs[0]:
+        if single:
             counts = {"images": len(rs), "classes": len({r["labels"].get("class") for r in rs})}
         else:
             counts = {"pairs": len(rs), "distinct_images": len({r["before"] for r in rs} | {r["after"] for r in rs})}

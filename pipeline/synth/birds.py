@@ -74,7 +74,8 @@ def taxonomy(seed: int) -> dict:
         for _ in range(FAMILIES_PER_ORDER):
             fam = {"size": str(rng.choice(list(SIZES))), "beak": str(rng.choice(BEAKS)), "tail": str(rng.choice(TAILS))}
             noun = NOUNS[len(tax["families"]) % len(NOUNS)]
-            tax["families"].append({"name": noun.capitalize() + "s", "order": o, "noun": noun, "attrs": fam})
+            plural = noun + ("es" if noun.endswith(("sh", "ch", "s")) else "s")
+            tax["families"].append({"name": plural.capitalize(), "order": o, "noun": noun, "attrs": fam})
             f = len(tax["families"]) - 1
             for _ in range(GENERA_PER_FAMILY):
                 gen = {**fam, "wing_pattern": str(rng.choice(WING_PATTERNS)),

@@ -44,6 +44,12 @@ def save_image(path: Path, rgb: np.ndarray, quality: int = 92) -> None:
         img.save(tmp, format=fmt, **({"quality": quality} if fmt == "JPEG" else {}))
 
 
+def write_lines(path: Path, lines) -> None:
+    """A text file of one line per item (the CUB / NABirds tables), atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text("".join(f"{line}\n" for line in lines))
+
+
 def meta_path(partial: Path, index: int) -> Path:
     return partial / "meta" / ("%06d.json" % index)
 
