@@ -67,6 +67,57 @@ rule synth_image_editing_request:
         "--size {params.cfg[size]} --workers {threads} --no-progress > {log} 2>&1"
 
 
+rule synth_birds_to_words:
+    """Render the synthetic Birds-to-Words world (procedural birds compared in pairs) in the release's layout."""
+    output:
+        directory("resources/raw/birds_to_words/synthetic"),
+    params:
+        cfg=lambda w: sorted_cfg({"size": 224, "split_fractions": [0.8, 0.1, 0.1],
+                                  **dataset_cfg("birds_to_words")["synthetic"]}),
+    threads: lambda w: dataset_cfg("birds_to_words")["synthetic"].get("workers", 1)
+    log:
+        "logs/birds_to_words/synth.log",
+    benchmark:
+        "logs/benchmarks/birds_to_words/synth.tsv"
+    shell:
+        "python -m pipeline synth-birds-to-words --out {output} --n-pairs {params.cfg[n_pairs]} "
+        "--seed {params.cfg[seed]} --split-fractions {params.cfg[split_fractions]} "
+        "--size {params.cfg[size]} --workers {threads} --no-progress > {log} 2>&1"
+
+
+rule synth_cub:
+    """Render the synthetic CUB-200-2011 world (single images, 10 captions each, L2C class-disjoint split)."""
+    output:
+        directory("resources/raw/cub/synthetic"),
+    params:
+        cfg=lambda w: sorted_cfg({"size": 224, "n_species": 40, **dataset_cfg("cub")["synthetic"]}),
+    threads: lambda w: dataset_cfg("cub")["synthetic"].get("workers", 1)
+    log:
+        "logs/cub/synth.log",
+    benchmark:
+        "logs/benchmarks/cub/synth.tsv"
+    shell:
+        "python -m pipeline synth-cub --out {output} --n-images {params.cfg[n_images]} "
+        "--n-species {params.cfg[n_species]} --seed {params.cfg[seed]} --size {params.cfg[size]} "
+        "--workers {threads} --no-progress > {log} 2>&1"
+
+
+rule synth_nabirds:
+    """Render the synthetic NABirds world (single images, hierarchical non-contiguous class ids)."""
+    output:
+        directory("resources/raw/nabirds/synthetic"),
+    params:
+        cfg=lambda w: sorted_cfg({"size": 224, **dataset_cfg("nabirds")["synthetic"]}),
+    threads: lambda w: dataset_cfg("nabirds")["synthetic"].get("workers", 1)
+    log:
+        "logs/nabirds/synth.log",
+    benchmark:
+        "logs/benchmarks/nabirds/synth.tsv"
+    shell:
+        "python -m pipeline synth-nabirds --out {output} --n-images {params.cfg[n_images]} "
+        "--seed {params.cfg[seed]} --size {params.cfg[size]} --workers {threads} --no-progress > {log} 2>&1"
+
+
 rule fetch_official:
     """Download the official release, or verify a copy placed by hand (message says what goes where)."""
     output:

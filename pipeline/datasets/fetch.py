@@ -27,6 +27,17 @@ last.
   "download all" link; what it holds is not documented: the image files at its root or under ``images/``, anything
   else is an error naming the archive). Where that cannot be had, the message says to place the image files
   from either location under ``data/images/`` (or a zip / tar of them as ``images.zip``).
+- Birds-to-Words (§5): ``data/birds-to-words-v1.0.tsv`` from ``google-research-datasets/birds-to-words`` (no
+  digest published: its sha256 is recorded), then every photo its rows name (``COLLECTORS``), one by one, to
+  ``data/images/<local name>`` (``birds_to_words.local_name``): resumable (``.part``), the URL as given then
+  iNaturalist's open-data bucket (``photo_urls``); an answer that is not an image is kept aside (``.html``). The
+  photos that cannot be had are listed in ``data/missing_photos.json`` (the parser leaves their pairs out) and
+  counted per split in ``verified.json`` (``pairs_lost``): URL rot is expected, it does not stop the fetch.
+- CUB (§6): ``CUB_200_2011.tgz`` (CaltechDATA, md5-checked) → ``data/CUB_200_2011/`` and Reed et al.'s
+  ``cvpr2016_cub.tar.gz`` (Drive) → ``data/cvpr2016_cub/``; the parse asserts the L2C 8,855 / 2,933 split.
+- NABirds (§7): gated (registration and terms at dl.allaboutbirds.org): never downloaded; the message says to
+  place ``nabirds.tar.gz`` (md5-checked before extraction) at ``<root>/nabirds.tar.gz`` or its ``nabirds/``
+  folder's content at ``<root>/data/``.
 """
 
 from __future__ import annotations
@@ -45,6 +56,7 @@ from pipeline.utils.download import sha256_file, try_download
 from pipeline.utils.io import atomic_path, read_json, write_json
 
 GZIP, ZIP, JSON_OBJECT = b"\x1f\x8b", b"PK", b"{"
+IMAGE = (b"\xff\xd8", b"\x89PNG", b"GIF8")  # a photo must start with one of these (JPEG, PNG, GIF)
 CLEVR_DC_COMMIT = "47be3211fd21a09d1062f8a3a8833d213f026c79"  # hsgkim/clevr-dc: its single commit (datasets.md §2)
 IER_COMMIT = "9bee562ddb09e0872fd949bc1e7b1b3eaeb8e504"  # airsplay/VisualRelationships (datasets.md §4)
 IER_DRIVE = "https://drive.google.com/drive/folders/1p_hkPwRUiLl1RHV3DkzQk3ti-GzHzT7O"
@@ -73,8 +85,20 @@ RELEASES = {
         "archives": {"images.zip": {"page": f"{IER_ARCHIVE_ORG} or the Drive folder {IER_DRIVE} (every image file)",
                                     "url": "https://archive.org/compress/image-editing-dataset"}},
         "files": f"https://github.com/airsplay/VisualRelationships/raw/{IER_COMMIT}/dataset/adobe/{{name}}",
+    },    "birds_to_words": {"files": "https://github.com/google-research-datasets/birds-to-words/raw/master/{name}"},
+    "cub": {
+        "archives": {"CUB_200_2011.tgz": {
+            "page": "https://data.caltech.edu/records/65de6-vp158",
+            "url": "https://data.caltech.edu/records/65de6-vp158/files/CUB_200_2011.tgz?download=1"},
+            "cvpr2016_cub.tar.gz": _drive("0B0ywwgffWnLLZW9uVHNjb2JmNlE")},
     },
+    # gated: no URL the fetcher may use (``url`` None); the message says where to get it and where it goes
+    "nabirds": {"archives": {"nabirds.tar.gz": {
+        "page": "https://dl.allaboutbirds.org/nabirds (fill in the registration / terms-of-use form)", "url": None}}},
 }
+CUB_MD5 = "97eceeb196236b17998738112f37df78"      # CUB_200_2011.tgz (datasets.md §6.1)
+NABIRDS_MD5 = "df21a9e4db349a14e2b08adfd45873bd"  # nabirds.tar.gz (datasets.md §7)
+INAT_OPEN_DATA = "https://inaturalist-open-data.s3.amazonaws.com/photos/{id}/medium.{ext}"
 
 
 @dataclass(frozen=True)
@@ -87,7 +111,8 @@ class Part:
     url: str
     dest: Path
     sha256: str | None = None      # a download's digest must start with it
-    magic: bytes | None = None     # a download must start with these bytes
+    md5: str | None = None         # an archive's md5 (the release's published digest), checked before extraction
+    magic: bytes | tuple[bytes, ...] | None = None  # a download must start with (one of) these bytes
     folder: Path | None = None     # an archive: extracted to this folder
     names: tuple[str, ...] = ()    # an archive: its top-level folders that are the content (default: folder's name)
     flat: bool = False             # an archive: may hold its files at its root instead
@@ -158,8 +183,33 @@ def parts_image_editing_request(root: Path) -> list[Part]:
                                       "<img0 and img1 file names, e.g. Reddit.com_5fdtr1_5fdtr1.jpg>")
 
 
+def parts_birds_to_words(root: Path) -> list[Part]:
+    from pipeline.datasets import birds_to_words as b2w
+
+    return [_file_part("birds_to_words", b2w.TSV, root / "data" / b2w.TSV, magic=b"img1")]
+
+
+def parts_cub(root: Path) -> list[Part]:
+    from pipeline.datasets import cub
+
+    data = root / "data"
+    return [_archive_part("cub", "CUB_200_2011.tgz", root, data / cub.CUB, md5=CUB_MD5, magic=GZIP,
+                          ready=(data / cub.CUB,), hint=f"{data / cub.CUB}/images.txt exists"),
+            _archive_part("cub", "cvpr2016_cub.tar.gz", root, data / cub.REED, magic=GZIP, names=(cub.REED, "cub"),
+                          flat=True, ready=(data / cub.REED,),
+                          hint=f"{data / cub.REED}/{cub.TEXT}/ and {data / cub.REED}/trainvalclasses.txt exist")]
+
+
+def parts_nabirds(root: Path) -> list[Part]:
+    data = root / "data"
+    return [_archive_part("nabirds", "nabirds.tar.gz", root, data, md5=NABIRDS_MD5, magic=GZIP, names=("nabirds",),
+                          ready=(data / "images.txt",), hint=f"the archive's nabirds/ folder is {data}/ "
+                                                              f"({data}/images.txt exists)")]
+
+
 PARTS = {"clevr_change": parts_clevr_change, "spot_the_diff": parts_spot_the_diff, "clevr_dc": parts_clevr_dc,
-         "image_editing_request": parts_image_editing_request}
+         "image_editing_request": parts_image_editing_request, "birds_to_words": parts_birds_to_words,
+         "cub": parts_cub, "nabirds": parts_nabirds}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -183,16 +233,35 @@ def _placement_message(dataset: str, parts: list[Part], missing: dict[str, str])
 
 def _download(part: Part) -> str | None:
     """Download ``part`` to its place (resumable); why it could not be, or None. A wrong checksum raises."""
+    if part.url is None:
+        return "gated: no public download link"
     got = try_download(part.url, part.dest, sha256_prefix=part.sha256, progress=part.folder is not None)
     if got is None:
         return "download failed"
     if part.magic is not None:
         with open(got, "rb") as f:  # an archive may be gigabytes: read its first bytes only
-            head = f.read(len(part.magic))
-        if head != part.magic:
+            head = f.read(8)
+        if not head.startswith(part.magic):
             kept = got.rename(got.with_name(got.name + ".html"))
             return f"the server answered something else (a refusal page?), kept as {kept}"
+    if part.md5 is not None:
+        _check_md5(part, delete=True)
     return None
+
+
+def _check_md5(part: Part, delete: bool = False) -> None:
+    """The archive's md5 must be the release's: else one PipelineError naming the file (a download is deleted,
+    to be fetched again; a file placed by hand is left for a look)."""
+    h = hashlib.md5()
+    with open(part.dest, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    if h.hexdigest() != part.md5:
+        if delete:
+            part.dest.unlink()
+        raise PipelineError(f"{part.dest}: md5 {h.hexdigest()} is not the release's {part.md5}"
+                            f"{' (download deleted; try again)' if delete else ''}; get {part.name} again from "
+                            f"{part.page}")
 
 
 def obtain(dataset: str, root: Path, no_download: bool) -> list[Part]:
@@ -210,6 +279,8 @@ def obtain(dataset: str, root: Path, no_download: bool) -> list[Part]:
         raise PipelineError(_placement_message(dataset, parts, missing))
     for part in parts:
         if part.folder is not None and not part.done:
+            if part.md5 is not None:
+                _check_md5(part)
             _extract(part.dest, part.folder, part.names, part.flat)
     return parts
 
@@ -316,15 +387,102 @@ def verify_image_editing_request(data: Path) -> dict:
     return report
 
 
+def photo_urls(url: str) -> list[str]:
+    """Where a Birds-to-Words photo may be had: its URL as the TSV gives it, then (an iNaturalist photo) the
+    open-data bucket where iNaturalist moved its CC photos, under the URL's extension and the usual others."""
+    from pipeline.datasets import birds_to_words as b2w
+
+    out = [url]
+    name = b2w.local_name(url)
+    if not name.startswith("url-"):
+        pid, ext = name.split(".", 1)
+        out += [INAT_OPEN_DATA.format(id=pid, ext=e) for e in dict.fromkeys((ext, "jpg", "jpeg", "png", "JPG"))]
+    return out
+
+
+def fetch_photos(data: Path, no_download: bool, progress: bool = True) -> dict:
+    """Every photo the Birds-to-Words TSV names, into ``data/images/`` (see the module docstring); writes
+    ``data/missing_photos.json`` ({url: local name} of those that could not be had) and returns the counts."""
+    from tqdm import tqdm
+
+    from pipeline.datasets import birds_to_words as b2w
+
+    rows = b2w.read_rows(data)
+    urls = list(dict.fromkeys(r[k] for r in rows for k in ("img1ImgURL", "img2ImgURL")))
+    missing: dict[str, str] = {}
+    for url in tqdm(urls, desc="birds_to_words photos", unit="photo", disable=not progress):
+        dest = data / b2w.IMAGES / b2w.local_name(url)
+        if dest.is_file():
+            continue
+        why = "download disabled"
+        if not no_download:
+            for candidate in photo_urls(url):
+                why = _download(Part(dest.name, url, candidate, dest, magic=IMAGE))
+                if why is None:
+                    break
+        if why is not None:
+            missing[url] = dest.name
+    write_json(data / b2w.MISSING, dict(sorted(missing.items())))
+    return {"photos": len(urls), "missing_photos": len(missing)}
+
+
+def verify_birds_to_words(data: Path) -> dict:
+    """Parse as ``official`` (the pairs whose photos ``missing_photos.json`` lists are left out) and count: the
+    TSV's rows, pairs and photos per split against the pairs kept (``pairs_lost``); the TSV's sha256 recorded."""
+    from pipeline.datasets import birds_to_words as b2w
+
+    warnings: list[str] = []
+    records = b2w.parse(data, source="official", warnings=warnings)
+    counts = b2w.source_counts(data, "official")
+    kept = collections.Counter(r["split"] for r in records)
+    for split, c in counts.items():
+        c["pairs_kept"] = kept.get(split, 0)
+        c["pairs_lost"] = c["distinct_pairs"] - c["pairs_kept"]
+    report = {"tsv_sha256": sha256_file(data / b2w.TSV), "counts": counts, "pairs": len(records),
+              "missing_photos": len(b2w.read_missing(data)), "parser_warnings": warnings}
+    lost = sum(c["pairs_lost"] for c in counts.values())
+    if lost:
+        report["warning"] = f"{lost} pair(s) lost to photos that could not be had (listed in {data / b2w.MISSING})"
+    return report
+
+
+def verify_cub(data: Path) -> dict:
+    """Parse as ``official``: every image and caption file, the L2C split's 8,855 / 2,933 images in 150 / 50
+    classes, the official 5,994 / 5,794 (the parser raises otherwise); captions per image counted."""
+    from pipeline.datasets import cub
+
+    warnings: list[str] = []
+    records = cub.parse(data, source="official", warnings=warnings)
+    return {"CUB_200_2011.tgz": {"md5": CUB_MD5, "matches_official": True}, "images": len(records),
+            "split_sizes": dict(collections.Counter(r["split"] for r in records)),
+            "captions": sum(len(r["captions"]) for r in records), "parser_warnings": warnings}
+
+
+def verify_nabirds(data: Path) -> dict:
+    """Parse as ``official`` (48,562 images, 555 leaf labels, or the parser raises); the split sizes compared
+    with the reported, unverified 23,929 / 24,633 (a difference is a warning)."""
+    from pipeline.datasets import nabirds
+
+    records = nabirds.parse(data, source="official")
+    return {"nabirds.tar.gz": {"md5": NABIRDS_MD5, "matches_official": True}, "images": len(records),
+            "labels": len({r["labels"]["label"] for r in records}),
+            **_split_sizes(dict(collections.Counter(r["split"] for r in records)), {"train": 23929, "test": 24633})}
+
+
 # dataset -> the check of its extracted tree (parse as official, count against the release)
 VERIFIERS = {"clevr_change": verify_clevr_change, "spot_the_diff": verify_spot_the_diff, "clevr_dc": verify_clevr_dc,
-             "image_editing_request": verify_image_editing_request}
+             "image_editing_request": verify_image_editing_request, "birds_to_words": verify_birds_to_words,
+             "cub": verify_cub, "nabirds": verify_nabirds}
+# dataset -> what it fetches after its parts are in place, before verifying (files its parts name)
+COLLECTORS = {"birds_to_words": fetch_photos}
 
 
 def fetch(dataset: str, root: Path, no_download: bool) -> dict:
-    """Obtain ``dataset``'s release at ``root`` (``obtain``), then verify its ``data/`` tree."""
+    """Obtain ``dataset``'s release at ``root`` (``obtain``), then what its parts name (``COLLECTORS``), then
+    verify its ``data/`` tree."""
     obtain(dataset, root, no_download)
-    return VERIFIERS[dataset](root / "data")
+    collected = COLLECTORS[dataset](root / "data", no_download) if dataset in COLLECTORS else {}
+    return {**collected, **VERIFIERS[dataset](root / "data")}
 
 
 def run(args: argparse.Namespace) -> None:
