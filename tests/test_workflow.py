@@ -422,3 +422,26 @@ def test_training_killed_at_90_percent_resumes_and_ends_as_if_uninterrupted(work
     assert _outputs(workdir) == uninterrupted  # checkpoints byte for byte, the rest but its timings
     left = [p for p in (workdir / "results").rglob("*") if p.name.endswith(".tmp") or p.name == "resume.pt"]
     assert not left
+
+
+def test_bird_datasets_data_stages_run_through_the_dag(tmp_path):
+    """Birds-to-Words, CUB and NABirds (issue 16, data half): synthetic worlds -> manifests through the generic
+    rules; Birds-to-Words gives plain changed pairs, CUB and NABirds single-image records (docs/contracts.md)."""
+    smk(tmp_path, *(f"results/{d}/manifest.jsonl" for d in ("birds_to_words", "cub", "nabirds")))
+    recs = {d: [json.loads(line) for line in (tmp_path / f"results/{d}/manifest.jsonl").read_text().splitlines()]
+            for d in ("birds_to_words", "cub", "nabirds")}
+    b2w = recs["birds_to_words"]
+    assert len(b2w) == 30 and {r["change_type"] for r in b2w} == {"change"}
+    assert {r["split"] for r in b2w} == {"train", "val", "test"} and all("animal" in r["captions"][0] for r in b2w)
+    assert len(recs["cub"]) == 40 and {r["split"] for r in recs["cub"]} == {"train", "val"}
+    assert all(len(r["captions"]) == 10 and r["image"].startswith("CUB_200_2011/images/") for r in recs["cub"])
+    assert len(recs["nabirds"]) == 40 and all(r["labels"]["ancestors"][-1] == 0 for r in recs["nabirds"])
+
+
+def test_bird_datasets_official_offline_say_what_to_place_where(tmp_path):
+    (tmp_path / "b2w").mkdir()
+    (tmp_path / "nabirds").mkdir()
+    _, log = _official_offline(tmp_path / "b2w", "birds_to_words")
+    assert "place it at resources/raw/birds_to_words/official/data/birds-to-words-v1.0.tsv" in log
+    _, log = _official_offline(tmp_path / "nabirds", "nabirds")
+    assert "place it at resources/raw/nabirds/official/nabirds.tar.gz" in log and "dl.allaboutbirds.org" in log
