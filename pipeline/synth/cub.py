@@ -34,7 +34,7 @@ import numpy as np
 from pipeline.datasets import cub as release
 from pipeline.errors import PipelineError
 from pipeline.synth import birds
-from pipeline.synth.world import meta_path, render_world, save_image, write_lines
+from pipeline.synth.world import add_image_world_arguments, meta_path, render_world, save_image, write_lines
 from pipeline.utils.io import atomic_path, read_json, write_json
 
 GENERATOR = "pipeline.synth.cub"
@@ -77,13 +77,8 @@ def _subdirs(pl: dict) -> list[str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", required=True, help="output directory; data/ is created inside it")
-    parser.add_argument("--n-images", type=int, default=1000, help="images (default 1000; the release: 11,788)")
+    add_image_world_arguments(parser, (1000, "11,788"))
     parser.add_argument("--n-species", type=int, default=40, help="classes (default 40; the release: 200)")
-    parser.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
-    parser.add_argument("--size", type=int, default=224, help="image width in pixels, height 3/4 of it (default 224)")
-    parser.add_argument("--workers", type=int, default=1, help="rendering processes (default 1)")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
 def run(args: argparse.Namespace) -> None:

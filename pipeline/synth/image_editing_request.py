@@ -44,8 +44,8 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.errors import PipelineError
-from pipeline.synth.world import add_pair_world_arguments, check_arguments, meta_path, render_world
-from pipeline.utils.io import atomic_path, read_json, write_json, write_jsonl
+from pipeline.synth.world import add_pair_world_arguments, check_arguments, meta_path, render_world, save_image
+from pipeline.utils.io import read_json, write_json, write_jsonl
 
 GENERATOR = "pipeline.synth.image_editing_request"
 VERSION = "1.1.0"
@@ -58,7 +58,6 @@ SPLIT_STREAM = 1 << 40
 REQUESTS = {"train": 1, "valid": 3, "test": 3}  # requests per entry, as released
 POOL = 6  # distinct requests drawn per rendered pair: valid / test entries take 3, a repeat in test the next 3
 EXTENSIONS = {".jpg": 0.62, ".png": 0.3, ".JPG": 0.04, ".jpeg": 0.035, ".gif": 0.005}
-FORMATS = {".jpg": "JPEG", ".jpeg": "JPEG", ".png": "PNG", ".gif": "GIF"}
 
 PALETTES = {  # sky top, sky at the horizon, ground
     "meadow": ((70, 130, 210), (190, 220, 240), (80, 140, 60)),
@@ -397,15 +396,6 @@ def splits_and_repeats(seed: int, n_pairs: int, fractions) -> tuple[dict[str, li
     return splits, repeats, {int(c): int(p) for c, p in zip(children, parents)}
 
 
-def _save(path: Path, rgb: np.ndarray) -> None:
-    from PIL import Image
-
-    fmt = FORMATS[path.suffix.lower()]
-    img = Image.fromarray(np.ascontiguousarray(rgb, dtype=np.uint8))
-    with atomic_path(path, sweep=False) as tmp:
-        img.save(tmp, format=fmt, **({"quality": 92} if fmt == "JPEG" else {}))
-
-
 def _work(task) -> int:
     partial, index, params = task
     partial = Path(partial)
@@ -416,8 +406,8 @@ def _work(task) -> int:
     before = draw(pair["scene"], w, h)
     after = apply_edit(pair["scene"], pair["edit"], before)
     folder = partial / "data" / SUBDIRS[0]
-    _save(folder / pair["img0"], before)
-    _save(folder / pair["img1"], after)
+    save_image(folder / pair["img0"], before)
+    save_image(folder / pair["img1"], after)
     digest = hashlib.sha256(before.tobytes() + after.tobytes()).hexdigest()
     write_json(meta_path(partial, index), {**pair, "pixel_sha256": digest}, indent=None)
     return index

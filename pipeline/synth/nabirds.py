@@ -31,7 +31,7 @@ import numpy as np
 from pipeline.datasets import nabirds as release
 from pipeline.errors import PipelineError
 from pipeline.synth import birds
-from pipeline.synth.world import meta_path, render_world, save_image, write_lines
+from pipeline.synth.world import add_image_world_arguments, meta_path, render_world, save_image, write_lines
 from pipeline.utils.io import read_json, write_json
 
 GENERATOR = "pipeline.synth.nabirds"
@@ -80,12 +80,7 @@ def plan(seed: int, n_images: int) -> dict:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", required=True, help="output directory; data/ is created inside it")
-    parser.add_argument("--n-images", type=int, default=1000, help="images (default 1000; the release: 48,562)")
-    parser.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
-    parser.add_argument("--size", type=int, default=224, help="image width in pixels, height 3/4 of it (default 224)")
-    parser.add_argument("--workers", type=int, default=1, help="rendering processes (default 1)")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_image_world_arguments(parser, (1000, "48,562"))
 
 
 def run(args: argparse.Namespace) -> None:

@@ -77,6 +77,19 @@ def add_pair_world_arguments(parser, n_pairs: tuple[int, str], fractions, split_
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
+def add_image_world_arguments(parser, n_images: tuple[int, str]) -> None:
+    """The options of a single-image world's stage (CUB, NABirds): ``--out``, ``--n-images`` (``n_images``:
+    default, the release's count), ``--seed``, ``--size`` (width; height 3/4 of it), ``--workers``,
+    ``--no-progress``."""
+    parser.add_argument("--out", required=True, help="output directory; data/ is created inside it")
+    parser.add_argument("--n-images", type=int, default=n_images[0], help=f"images (default {n_images[0]}; "
+                                                                          f"the release: {n_images[1]})")
+    parser.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
+    parser.add_argument("--size", type=int, default=224, help="image width in pixels, height 3/4 of it (default 224)")
+    parser.add_argument("--workers", type=int, default=1, help="rendering processes (default 1)")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
 def check_arguments(name: str, split_fractions, n_pairs: int, seed: int, workers: int, size: int) -> list[float]:
     """The common arguments of a pair world's ``generate`` (three split fractions > 0 summing to 1, at least
     10 pairs, images of at least 64 pixels); the fractions as floats. A bad one is a PipelineError."""
