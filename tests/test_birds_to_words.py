@@ -175,6 +175,10 @@ def test_photo_downloads_resume_and_refusal_pages_are_kept_aside(served, tmp_pat
     assert (images / "3333.jpg.html").exists() and not (images / "3333.jpg").exists()
     assert rep["missing_photos"] == 1
     assert _run(root, no_download=True)["missing_photos"] == 1  # offline: what is there is used
+    for p in images.iterdir():
+        p.unlink()
+    with pytest.raises(PipelineError, match=r"no Birds-to-Words pair has both its photos \(3 photos could not be had"):
+        _run(root, no_download=True)
 
 
 def test_fetch_without_the_tsv_says_what_to_place_where(served, tmp_path):

@@ -433,6 +433,10 @@ def verify_birds_to_words(data: Path) -> dict:
 
     warnings: list[str] = []
     records = b2w.parse(data, source="official", warnings=warnings)
+    if not records:
+        raise PipelineError(f"{data}: no Birds-to-Words pair has both its photos ({len(b2w.read_missing(data))} "
+                            f"photos could not be had, listed in {data / b2w.MISSING}); place them under "
+                            f"{data / b2w.IMAGES}/ by their local names (pipeline.datasets.birds_to_words.local_name)")
     counts = b2w.source_counts(data, "official")
     kept = collections.Counter(r["split"] for r in records)
     for split, c in counts.items():
