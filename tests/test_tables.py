@@ -198,16 +198,23 @@ def test_spot_the_diff_paper_numbers_pinned_and_cited():
                           "T2P R@50": 20.0} and ret.source == f"{pn.CLIP} Table 6"
 
 
-def test_spot_the_diff_table_puts_the_papers_rows_beside_ours(tmp_path):
-    """As the `table` rule builds it: the table's methods and its `paper_only` DDLA as --paper-methods."""
+def _plain_runs(root: Path, dataset: str, specs) -> list[Path]:
+    """Runs of a dataset of plain pairs, every pair changed (Spot-the-Diff, IER): no distractor pairs, one type
+    `change`. ``specs``: (method, kind, cider) per run."""
     runs = []
-    for method, kind, cider in (("dirl_ccr", "reproduced", 0.5), ("most_frequent", "sanity", 0.2)):
-        d = _run(tmp_path, method, 0, kind, cider=cider, dataset="spot_the_diff")
+    for method, kind, cider in specs:
+        d = _run(root, method, 0, kind, cider=cider, dataset=dataset)
         m = json.loads((d / "metrics.json").read_text())
         m["distractor"] = {**{k: None for k in m["distractor"]}, "n_pairs": 0}
         m["by_type"] = {"subset_idf": {"change": _block(cider, n=20)}, "global_idf": {"change": {"CIDEr": cider, "n_pairs": 20}}}
         write_json(d / "metrics.json", m)
         runs.append(d)
+    return runs
+
+
+def test_spot_the_diff_table_puts_the_papers_rows_beside_ours(tmp_path):
+    """As the `table` rule builds it: the table's methods and its `paper_only` DDLA as --paper-methods."""
+    runs = _plain_runs(tmp_path, "spot_the_diff", (("dirl_ccr", "reproduced", 0.5), ("most_frequent", "sanity", 0.2)))
     out = tmp_path / "tables" / "spot_the_diff.csv"
     assert main(["table", "--dataset", "spot_the_diff", "--runs", *map(str, runs), "--out", str(out),
                  "--paper-methods", "duda", "dirl_ccr", "ddla"]) == 0
@@ -270,14 +277,7 @@ def test_image_editing_request_table_puts_the_papers_rows_beside_ours(tmp_path):
         "image_editing_request"]
     assert block["methods"] == ["clip_ft", "clip4idc", "scorer", "scorer_cbr", "dirl", "dirl_ccr"]
     assert block["sanity"] == ["most_frequent", "nearest_neighbour"] and "paper_only" not in block
-    runs = []
-    for method, kind, cider in (("scorer_cbr", "reproduced", 0.5), ("nearest_neighbour", "sanity", 0.2)):
-        d = _run(tmp_path, method, 0, kind, cider=cider, dataset="image_editing_request")
-        m = json.loads((d / "metrics.json").read_text())
-        m["distractor"] = {**{k: None for k in m["distractor"]}, "n_pairs": 0}
-        m["by_type"] = {"subset_idf": {"change": _block(cider, n=20)}, "global_idf": {"change": {"CIDEr": cider, "n_pairs": 20}}}
-        write_json(d / "metrics.json", m)
-        runs.append(d)
+    runs = _plain_runs(tmp_path, "image_editing_request", (("scorer_cbr", "reproduced", 0.5), ("nearest_neighbour", "sanity", 0.2)))
     out = tmp_path / "tables" / "image_editing_request.csv"
     assert main(["table", "--dataset", "image_editing_request", "--runs", *map(str, runs), "--out", str(out),
                  "--paper-methods", *block["methods"]]) == 0
