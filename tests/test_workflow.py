@@ -288,7 +288,8 @@ def test_image_editing_request_table_through_the_generic_rules(workdir):
     # the same methods on CLEVR-Change keep their own weights
     assert json.loads((workdir / "results/clevr_change/scorer_cbr/seed0/run.json").read_text())["config"]["model"][
         "sim_weight"] == 0.1
-    r = pd.read_csv(workdir / "results/tables/image_editing_request_retrieval.csv", dtype=str).set_index("kind")
+    r = pd.read_csv(workdir / "results/tables/image_editing_request_retrieval.csv", dtype=str,
+                    keep_default_na=False).set_index("kind")
     assert r.loc["reproduced", "method"] == r.loc["paper", "method"] == "clip4idc_adapt"
     assert (r.loc["paper", "P2T R@1"], r.loc["paper", "T2P R@10"], r.loc["paper", "P2T MdR"]) == ("17.1", "41.9", "n/a")
     assert "P2T R@50" not in r.columns
