@@ -9,7 +9,7 @@ Each ``PaperRow`` is one row of one paper table for one method id and one block:
 - ``by_type``: one metric (``metric``: CIDEr, METEOR or SPICE) per change type: Color, Texture (= our
   ``material``), Add, Drop, Move, Distractor (= ``no_change``). The papers' per-type scores are re-scored on
   each type's subset (DUDA's convention), i.e. our ``by_type.subset_idf``. Rows exist for CLEVR-Change
-  only (Spot-the-Diff has no change types at all).
+  only (Spot-the-Diff and Image Editing Request have no change types at all).
 
 Values a table does not report are None (printed "-" in the papers). Where one method is reported by several
 papers, the method's own paper is the source of its row; DUDA's own paper (Park et al., ICCV 2019) is not among
@@ -72,7 +72,7 @@ def _t(color=None, texture=None, add=None, drop=None, move=None, distractor=None
 
 def _rows() -> list[PaperRow]:
     R = PaperRow
-    cc, dc, sd = "clevr_change", "clevr_dc", "spot_the_diff"
+    cc, dc, sd, ier = "clevr_change", "clevr_dc", "spot_the_diff", "image_editing_request"
     rows = [
         # ---------------------------------------------------------------- CLEVR-Change, whole test split
         R("duda", cc, "total", f"{AUX} Table 1", _m(b4=47.3, m=33.9, c=112.3, s=24.5), label="DUDA [25]",
@@ -216,6 +216,26 @@ def _rows() -> list[PaperRow]:
         # through `paper_only:`). Its released re-run predictions are scored by workflow/scripts/score_ddla.py.
         R("ddla", sd, "total", f"{AUX} Table 3", _m(b4=8.1, m=11.5, r=28.3, c=34.0), label="DDLA [13]",
           note=f"printed as fractions (0.081, ...); {CLIP} Table 3 prints DDLA (2018) as B 8.5, M 12.0, C 32.8, R 28.6"),
+        # ---------------------------------------------------------------- Image Editing Request (whole test split)
+        # Every pair is an edit (no distractors, no edit types): no changed / distractor / by_type rows. CLIP4IDC
+        # reports B, M, C, R (no SPICE); SCORER's comparison table B, M, R, C (SPICE only in its ablation Table 11);
+        # DIRL Table 5 B, M, R, C.
+        R("clip_ft", ier, "total", f"{CLIP}", _m(), label="",
+          note="not reported on Image Editing Request (Table 5, the only CLIP-FT row, covers CLEVR-Change and "
+               "Spot-the-Diff)"),
+        R("clip4idc", ier, "total", f"{CLIP} Table 4", _m(b4=8.2, m=14.6, r=40.4, c=32.2), label="CLIP4IDC",
+          note="the paper's column order is B, M, C, R"),
+        R("scorer", ier, "total", f"{SCORER} Table 4 (SPICE: Table 11)", _m(b4=9.6, m=14.6, r=39.5, c=31.0, s=12.6),
+          label="SCORER",
+          note="the comparison table between Table 3 (CLEVR-DC) and Table 5 (Spot-the-Diff), its caption lost in the "
+               "seed's text, whose §4.4.3 calls it 'Table 11'; the supplementary ablation Table 11 repeats the four "
+               "numbers and adds SPICE"),
+        R("scorer_cbr", ier, "total", f"{SCORER} Table 4 (SPICE: Table 11)", _m(b4=10.0, m=15.0, r=39.6, c=33.4, s=12.6),
+          label="SCORER+CBR",
+          note=f"Table 4 read as for SCORER's row; Table 11 repeats the four and adds SPICE; same in {DIRL} Table 5"),
+        R("dirl", ier, "total", f"{DIRL}", _m(), label="",
+          note="not reported on Image Editing Request (Table 5 has DIRL+CCR only)"),
+        R("dirl_ccr", ier, "total", f"{DIRL} Table 5", _m(b4=10.9, m=15.0, r=41.0, c=34.1), label="DIRL+CCR (Ours)"),
     ]
     return rows
 
@@ -260,6 +280,7 @@ def lookup(dataset: str, block: str, method: str, metric: str | None = None) -> 
 # splits `clip4idc_adapt_intra{N}_inter{M}` (the adaptation each `clip4idc_frozen_intra{N}_inter{M}` starts from).
 # Table 6 reports Spot-the-Diff at R@10/20/50 instead: R@20 and R@50 are further columns, in this order, that a
 # retrieval table shows only where one of its paper rows has them (``pipeline.retrieval_tables.table_columns``).
+# It reports Image Editing Request at R@1/5/10 without the ranks (MdR, MnR n/a in its paper row).
 RETRIEVAL_COLUMNS = ("P2T R@1", "P2T R@5", "P2T R@10", "P2T MdR", "P2T MnR",
                      "T2P R@1", "T2P R@5", "T2P R@10", "T2P MdR", "T2P MnR")
 RETRIEVAL_ALL_COLUMNS = ("P2T R@1", "P2T R@5", "P2T R@10", "P2T R@20", "P2T R@50", "P2T MdR", "P2T MnR",
@@ -296,6 +317,10 @@ def _retrieval_rows() -> list[RetrievalRow]:
                             dict(zip(("P2T R@10", "P2T R@20", "P2T R@50", "T2P R@10", "T2P R@20", "T2P R@50"),
                                      (3.7, 7.3, 16.8, 6.2, 10.5, 20.0))),
                             label="CLIP4IDC", note="Spot-the-Diff is reported at R@10/20/50 (no R@1/5, no ranks)"))
+    out.append(RetrievalRow("clip4idc_adapt", "image_editing_request", f"{CLIP} Table 6",
+                            dict(zip(("P2T R@1", "P2T R@5", "P2T R@10", "T2P R@1", "T2P R@5", "T2P R@10"),
+                                     (17.1, 28.4, 33.8, 17.3, 33.7, 41.9))),
+                            label="CLIP4IDC", note="Editing-Request is reported at R@1/5/10 (no ranks)"))
     return out
 
 

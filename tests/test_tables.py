@@ -198,16 +198,23 @@ def test_spot_the_diff_paper_numbers_pinned_and_cited():
                           "T2P R@50": 20.0} and ret.source == f"{pn.CLIP} Table 6"
 
 
-def test_spot_the_diff_table_puts_the_papers_rows_beside_ours(tmp_path):
-    """As the `table` rule builds it: the table's methods and its `paper_only` DDLA as --paper-methods."""
+def _plain_runs(root: Path, dataset: str, specs) -> list[Path]:
+    """Runs of a dataset of plain pairs, every pair changed (Spot-the-Diff, IER): no distractor pairs, one type
+    `change`. ``specs``: (method, kind, cider) per run."""
     runs = []
-    for method, kind, cider in (("dirl_ccr", "reproduced", 0.5), ("most_frequent", "sanity", 0.2)):
-        d = _run(tmp_path, method, 0, kind, cider=cider, dataset="spot_the_diff")
+    for method, kind, cider in specs:
+        d = _run(root, method, 0, kind, cider=cider, dataset=dataset)
         m = json.loads((d / "metrics.json").read_text())
         m["distractor"] = {**{k: None for k in m["distractor"]}, "n_pairs": 0}
         m["by_type"] = {"subset_idf": {"change": _block(cider, n=20)}, "global_idf": {"change": {"CIDEr": cider, "n_pairs": 20}}}
         write_json(d / "metrics.json", m)
         runs.append(d)
+    return runs
+
+
+def test_spot_the_diff_table_puts_the_papers_rows_beside_ours(tmp_path):
+    """As the `table` rule builds it: the table's methods and its `paper_only` DDLA as --paper-methods."""
+    runs = _plain_runs(tmp_path, "spot_the_diff", (("dirl_ccr", "reproduced", 0.5), ("most_frequent", "sanity", 0.2)))
     out = tmp_path / "tables" / "spot_the_diff.csv"
     assert main(["table", "--dataset", "spot_the_diff", "--runs", *map(str, runs), "--out", str(out),
                  "--paper-methods", "duda", "dirl_ccr", "ddla"]) == 0
@@ -233,6 +240,64 @@ def test_spot_the_diff_table_puts_the_papers_rows_beside_ours(tmp_path):
     # without --paper-methods naming it, DDLA (no method of ours) is not shown
     main(["table", "--dataset", "spot_the_diff", "--runs", *map(str, runs), "--out", str(out), "--paper-methods"])
     assert [(r["method"], r["kind"]) for r in _read(out) if r["kind"] == "paper"] == [("dirl_ccr", "paper")]
+
+
+def test_image_editing_request_paper_numbers_pinned_and_cited():
+    """CLIP4IDC Table 4 (B, M, C, R as printed), SCORER's comparison Table 4 with SPICE from its ablation Table 11,
+    DIRL Table 5; CLIP-FT and DIRL without CCR are not reported on IER (empty rows); CLIP4IDC Table 6 retrieval."""
+    ier = "image_editing_request"
+    assert pn.lookup(ier, "total", "clip4idc").values == {"BLEU-4": 8.2, "METEOR": 14.6, "ROUGE-L": 40.4, "CIDEr": 32.2,
+                                                          "SPICE": None}
+    assert pn.lookup(ier, "total", "clip4idc").source == f"{pn.CLIP} Table 4"
+    scorer = f"{pn.SCORER} Table 4 (SPICE: Table 11)"
+    assert pn.lookup(ier, "total", "scorer").values == {"BLEU-4": 9.6, "METEOR": 14.6, "ROUGE-L": 39.5, "CIDEr": 31.0,
+                                                        "SPICE": 12.6}
+    assert pn.lookup(ier, "total", "scorer_cbr").values == {"BLEU-4": 10.0, "METEOR": 15.0, "ROUGE-L": 39.6,
+                                                            "CIDEr": 33.4, "SPICE": 12.6}
+    assert pn.lookup(ier, "total", "scorer").source == pn.lookup(ier, "total", "scorer_cbr").source == scorer
+    assert pn.lookup(ier, "total", "dirl_ccr").values == {"BLEU-4": 10.9, "METEOR": 15.0, "ROUGE-L": 41.0, "CIDEr": 34.1,
+                                                          "SPICE": None}
+    assert pn.lookup(ier, "total", "transformer_dirl_ccr").source == f"{pn.DIRL} Table 5"  # alias of dirl_ccr
+    for m in ("clip_ft", "dirl"):
+        row = pn.lookup(ier, "total", m)
+        assert all(v is None for v in row.values.values()) and "not reported on Image Editing Request" in row.note
+    assert [r.method for r in pn.rows(ier, "total")] == ["scorer", "scorer_cbr", "dirl", "dirl_ccr", "clip_ft", "clip4idc"]
+    assert pn.rows(ier, "changed") == pn.rows(ier, "distractor") == pn.rows(ier, "by_type") == []
+    (ret,) = pn.retrieval_rows(ier)
+    assert ret.values == {"P2T R@1": 17.1, "P2T R@5": 28.4, "P2T R@10": 33.8, "T2P R@1": 17.3, "T2P R@5": 33.7,
+                          "T2P R@10": 41.9} and ret.source == f"{pn.CLIP} Table 6" and ret.run == "clip4idc_adapt"
+
+
+def test_image_editing_request_table_puts_the_papers_rows_beside_ours(tmp_path):
+    """As the `table` rule builds it from config/config.yaml's `image_editing_request` block: the reported methods'
+    paper rows beside ours, the unreported ones (CLIP-FT, DIRL) as empty paper rows that say so."""
+    import yaml
+
+    block = yaml.safe_load((Path(__file__).resolve().parents[1] / "config" / "config.yaml").read_text())["tables"][
+        "image_editing_request"]
+    assert block["methods"] == ["clip_ft", "clip4idc", "scorer", "scorer_cbr", "dirl", "dirl_ccr"]
+    assert block["sanity"] == ["most_frequent", "nearest_neighbour"] and "paper_only" not in block
+    runs = _plain_runs(tmp_path, "image_editing_request", (("scorer_cbr", "reproduced", 0.5), ("nearest_neighbour", "sanity", 0.2)))
+    out = tmp_path / "tables" / "image_editing_request.csv"
+    assert main(["table", "--dataset", "image_editing_request", "--runs", *map(str, runs), "--out", str(out),
+                 "--paper-methods", *block["methods"]]) == 0
+    rows = _read(out)
+    got = {(r["method"], r["kind"]): r for r in rows}
+    assert [(r["method"], r["kind"]) for r in rows if r["kind"] != "paper"] == [("scorer_cbr", "reproduced"),
+                                                                                 ("nearest_neighbour", "sanity")]
+    assert got[("scorer_cbr", "reproduced")]["source"] == "synthetic Image Editing Request"
+    cbr = got[("scorer_cbr", "paper")]
+    assert (cbr["BLEU-4"], cbr["METEOR"], cbr["ROUGE-L"], cbr["CIDEr"], cbr["SPICE"]) == ("10.0", "15.0", "39.6", "33.4", "12.6")
+    assert cbr["source"] == "scorer-cbr-iccv2023.md Table 4 (SPICE: Table 11)"
+    assert (got[("dirl_ccr", "paper")]["CIDEr"], got[("dirl_ccr", "paper")]["SPICE"]) == ("34.1", "n/a")
+    assert (got[("clip4idc", "paper")]["ROUGE-L"], got[("clip4idc", "paper")]["source"]) == ("40.4", "clip4idc-aacl2022.md Table 4")
+    notes = json.loads(out.with_suffix(".meta.json").read_text())["notes"]
+    for m in ("clip_ft", "dirl"):  # an unreported method's paper row is empty and says why
+        assert got[(m, "paper")]["CIDEr"] == got[(m, "paper")]["BLEU-4"] == "n/a"
+        assert "not reported on Image Editing Request" in notes[got[(m, "paper")]["notes"]]
+    # no paper rows where the papers report none: changed / distractor pairs, edit types
+    assert {r["kind"] for r in _read(out.parent / "image_editing_request_pairs.csv")} == {"reproduced", "sanity"}
+    assert {r["kind"] for r in _read(out.parent / "image_editing_request_by_type.csv")} == {"reproduced", "sanity"}
 
 
 IDC_PCL_CONFIG = {"backbone": "resnet101_layer4", "init_from": "idc_pcl_pretrain",
@@ -383,6 +448,26 @@ def test_retrieval_table_shows_the_recall_levels_its_paper_rows_report(tmp_path)
             assert "| P2T R@50 |" in out.with_suffix(".md").read_text()
     assert cols[("clevr_change", 7)] == list(pn.RETRIEVAL_COLUMNS)
     assert cols[("spot_the_diff", 7)] == cols[("spot_the_diff", 5)] == list(pn.RETRIEVAL_ALL_COLUMNS)
+
+
+def test_image_editing_request_retrieval_table_beside_clip4idc_table_6(tmp_path):
+    """CLIP4IDC Table 6 reports Editing-Request at R@1/5/10 without ranks: the standard columns, MdR/MnR n/a."""
+    ier = "image_editing_request"
+    d = tmp_path / ier / "clip4idc_adapt" / "seed0"
+    write_json(d / "run.json", {"method": "clip4idc_adapt", "dataset": ier, "seed": 0, "kind": "reproduced",
+                                "source": "synthetic", "backbone": "clip_pixels224", "weights": "CLIP random(seed=0)",
+                                "selected_step": 2, "config": {}})
+    direction = {"R@1": 0.1, "R@5": 0.3, "R@10": 0.5, "R@20": 0.7, "R@50": 0.9, "MedianR": 9.0, "MeanR": 12.5}
+    write_json(d / "retrieval_test.json", {"split": "test", "n_pairs": 6, "pair_to_text": direction,
+                                           "text_to_pair": direction})
+    out = tmp_path / "tables" / f"{ier}_retrieval.csv"
+    assert main(["retrieval-table", "--dataset", ier, "--runs", str(d), "--out", str(out),
+                 "--paper-runs", "clip4idc_adapt"]) == 0
+    rows = {r["kind"]: r for r in _read(out)}
+    paper = rows["paper"]
+    assert [c for c in paper if c.startswith(("P2T", "T2P")) and not c.endswith("std")] == list(pn.RETRIEVAL_COLUMNS)
+    assert (paper["P2T R@1"], paper["T2P R@10"], paper["P2T MdR"], paper["T2P MnR"]) == ("17.1", "41.9", "n/a", "n/a")
+    assert paper["source"] == "clip4idc-aacl2022.md Table 6" and rows["reproduced"]["P2T R@1"] == "10.0"
 
 
 def test_by_type_table_of_a_dataset_without_clevr_types(tmp_path):

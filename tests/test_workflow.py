@@ -231,14 +231,27 @@ def test_image_editing_request_official_offline_says_what_to_place_where(tmp_pat
         assert f"place it at resources/raw/image_editing_request/official/data/{split}.json" in log
 
 
+def _plain_table(workdir, dataset, methods):
+    """The table of a dataset of plain pairs, every pair changed (Spot-the-Diff, IER), and its test pair count;
+    checks each method's run and metrics: plain pairing, no distractor pairs, the one type `change`."""
+    n_test = sum(json.loads(line)["split"] == "test"
+                 for line in (workdir / f"results/{dataset}/manifest.jsonl").read_text().splitlines())
+    runs = {}
+    for m in methods:
+        runs[m] = json.loads((workdir / f"results/{dataset}/{m}/seed0/run.json").read_text())
+        assert runs[m]["pairing"] == "plain" and runs[m]["dataset"] == dataset
+        metrics = json.loads((workdir / f"results/{dataset}/{m}/seed0/metrics.json").read_text())
+        assert list(metrics["by_type"]["subset_idf"]) == ["change"] and metrics["distractor"]["n_pairs"] == 0
+        assert metrics["by_type"]["subset_idf"]["change"]["n_pairs"] == n_test
+    return pd.read_csv(workdir / f"results/tables/{dataset}.csv", dtype=str), n_test, runs
+
+
 def test_spot_the_diff_table_through_the_generic_rules(workdir):
     """Issue 14: the Spot-the-Diff table (here two of its methods, .test config) from the synthetic parking lot:
     plain pairs through train / decode_test / evaluate, the one type `change`, and the papers' Spot-the-Diff rows
     (DDLA as a paper-only row) beside ours."""
     smk(workdir, "results/tables/spot_the_diff.csv")
-    n_test = sum(json.loads(line)["split"] == "test"
-                 for line in (workdir / "results/spot_the_diff/manifest.jsonl").read_text().splitlines())
-    t = pd.read_csv(workdir / "results/tables/spot_the_diff.csv", dtype=str)
+    t, n_test, _ = _plain_table(workdir, "spot_the_diff", ("scorer_cbr", "dirl_ccr"))
     assert list(zip(t["method"], t["kind"])) == [
         ("scorer_cbr", "reproduced"), ("dirl_ccr", "reproduced"), ("most_frequent", "sanity"),
         ("nearest_neighbour", "sanity"), ("scorer_cbr", "paper"), ("dirl_ccr", "paper"), ("ddla", "paper")]
@@ -248,15 +261,39 @@ def test_spot_the_diff_table_through_the_generic_rules(workdir):
     assert (paper.loc["ddla", "CIDEr"], paper.loc["ddla", "source"]) == ("34.0", "aux-task-duda-tirg-cvpr2021.md Table 3")
     assert (paper.loc["dirl_ccr", "CIDEr"], paper.loc["dirl_ccr", "source"]) == ("40.9", "dirl-ccr-eccv2024.md Table 1")
     assert paper.loc["scorer_cbr", "source"] == "scorer-cbr-iccv2023.md Table 5 (ROUGE-L: Table 12)"
-    for m in ("scorer_cbr", "dirl_ccr"):
-        run = json.loads((workdir / f"results/spot_the_diff/{m}/seed0/run.json").read_text())
-        assert run["pairing"] == "plain" and run["dataset"] == "spot_the_diff"
-        metrics = json.loads((workdir / f"results/spot_the_diff/{m}/seed0/metrics.json").read_text())
-        assert list(metrics["by_type"]["subset_idf"]) == ["change"] and metrics["distractor"]["n_pairs"] == 0
-        assert metrics["by_type"]["subset_idf"]["change"]["n_pairs"] == n_test
     bt = pd.read_csv(workdir / "results/tables/spot_the_diff_by_type.csv", dtype=str)
     assert "change" in bt.columns and "Color" not in bt.columns and set(bt["kind"]) == {"reproduced", "sanity"}
     assert (workdir / "results/spot_the_diff/plots/spot_the_diff_val_cider.png").stat().st_size > 0
+
+
+def test_image_editing_request_table_through_the_generic_rules(workdir):
+    """Issue 15, table half: the IER table (here three of its six methods, .test config) and the CLIP4IDC retrieval
+    table from the synthetic photo edits: plain pairs through train / decode_test / evaluate, the one type
+    `change`, the papers' IER loss weights (datasets.image_editing_request.overrides of config/config.yaml) in the
+    runs, and the papers' IER rows beside ours."""
+    smk(workdir, "results/tables/image_editing_request.csv", "results/tables/image_editing_request_retrieval.csv")
+    t, n_test, runs = _plain_table(workdir, "image_editing_request", ("scorer_cbr", "dirl_ccr", "clip4idc"))
+    assert list(zip(t["method"], t["kind"])) == [
+        ("scorer_cbr", "reproduced"), ("dirl_ccr", "reproduced"), ("clip4idc", "reproduced"), ("most_frequent", "sanity"),
+        ("nearest_neighbour", "sanity"), ("scorer_cbr", "paper"), ("dirl_ccr", "paper"), ("clip4idc", "paper")]
+    ours = t[t["kind"] != "paper"]
+    assert set(ours["source"]) == {"synthetic Image Editing Request"} and set(ours["n_pairs"]) == {str(n_test)}
+    paper = t[t["kind"] == "paper"].set_index("method")
+    assert (paper.loc["dirl_ccr", "CIDEr"], paper.loc["dirl_ccr", "source"]) == ("34.1", "dirl-ccr-eccv2024.md Table 5")
+    assert (paper.loc["clip4idc", "CIDEr"], paper.loc["clip4idc", "source"]) == ("32.2", "clip4idc-aacl2022.md Table 4")
+    assert paper.loc["scorer_cbr", "source"] == "scorer-cbr-iccv2023.md Table 4 (SPICE: Table 11)"
+    weights = {"scorer_cbr": {"sim_weight": 0.003, "cbr_weight": 0.06}, "dirl_ccr": {"dirl_weight": 0.001}}
+    for m, want in weights.items():
+        assert {k: runs[m]["config"]["model"][k] for k in want} == want
+    # the same methods on CLEVR-Change keep their own weights
+    assert json.loads((workdir / "results/clevr_change/scorer_cbr/seed0/run.json").read_text())["config"]["model"][
+        "sim_weight"] == 0.1
+    r = pd.read_csv(workdir / "results/tables/image_editing_request_retrieval.csv", dtype=str,
+                    keep_default_na=False).set_index("kind")
+    assert r.loc["reproduced", "method"] == r.loc["paper", "method"] == "clip4idc_adapt"
+    assert (r.loc["paper", "P2T R@1"], r.loc["paper", "T2P R@10"], r.loc["paper", "P2T MdR"]) == ("17.1", "41.9", "n/a")
+    assert "P2T R@50" not in r.columns
+    assert (workdir / "results/image_editing_request/plots/image_editing_request_val_cider.png").stat().st_size > 0
 
 
 def test_spot_the_diff_official_offline_says_what_to_place_where(tmp_path):
