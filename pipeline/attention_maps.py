@@ -30,17 +30,24 @@ def _memory(model, before, after):
     return memory[0] if isinstance(memory, tuple) else memory  # SCORER returns (memory, per-head q/k or None)
 
 
+def decoder_cross_attention(decoder, inputs: torch.Tensor, memory: torch.Tensor):
+    """Teacher-forced pass of ``inputs`` [B, L] over ``memory`` [B, S, D]: the last layer's cross-attention
+    probabilities per head [B, heads, L, S] (what its ``attend`` weighs the memory's values with) and the
+    decoder's output."""
+    out = decoder(inputs, memory)
+    last = decoder.layers[-1].cross_attn
+    q = last.project_q(out.words)  # [B, heads, L, d]: the queries of the last layer's cross-attention
+    k, _ = last.project_kv(memory)  # [B, heads, S, d]
+    return F.softmax(q.float() @ k.float().transpose(-1, -2) / math.sqrt(q.size(-1)), dim=-1), out
+
+
 def token_attention(model, before: torch.Tensor, after: torch.Tensor, caption: torch.Tensor) -> torch.Tensor:
     """[B, h, w] cross-attention of the last decoder layer over the difference tokens, for ``caption``
     [B, L] (the word ids ``generate`` returned, 0 after ``<END>``)."""
     memory = _memory(model, before, after)
-    b, n = caption.shape
+    b = caption.size(0)
     inputs = torch.cat([caption.new_full((b, 1), START), caption[:, :-1]], 1)  # the word fed to predict each word
-    out = model.decoder(inputs, memory)
-    last = model.decoder.layers[-1].cross_attn
-    q = last.project_q(out.words)  # [B, heads, L, d]
-    k, _ = last.project_kv(memory)  # [B, heads, S, d]
-    p = F.softmax(q.float() @ k.float().transpose(-1, -2) / math.sqrt(q.size(-1)), dim=-1).mean(1)  # [B, L, S]
+    p = decoder_cross_attention(model.decoder, inputs, memory)[0].mean(1)  # [B, L, S], heads averaged
     written = (caption != 0).float()  # the words up to <END>; a caption that never ends uses all L steps
     mean = (p * written.unsqueeze(-1)).sum(1) / written.sum(1, keepdim=True).clamp(min=1)
     side = math.isqrt(mean.size(1))
