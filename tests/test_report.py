@@ -2,7 +2,6 @@
 tiny configuration's Spot-the-Diff table, opened in headless Chromium where Debian's `chromium` is installed."""
 
 import base64
-import io
 import json
 import re
 import shutil

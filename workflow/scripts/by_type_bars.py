@@ -15,7 +15,8 @@ import pandas as pd  # noqa: E402
 
 def type_columns(t: pd.DataFrame) -> list[str]:
     cols = list(t.columns)
-    middle = cols[cols.index("n_pairs") + 1:cols.index("notes")] if "notes" in cols else cols[cols.index("n_pairs") + 1:]
+    end = cols.index("notes") if "notes" in cols else len(cols)
+    middle = cols[cols.index("n_pairs") + 1:end]
     return [c for c in middle if not c.endswith(" std") and "(global IDF)" not in c]
 
 
@@ -32,13 +33,15 @@ def draw(csv: str, title: str, out: str) -> None:
                          for c in types})
     n = len(t)
     width = 0.8 / max(n, 1)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.0 + len(types) * (0.45 * n + 0.4)), 4.2))
+    fig, ax = plt.subplots(figsize=(min(16.0, max(6.0, 2.0 + 0.12 * n * len(types))), 4.5))
     x = np.arange(len(types))
     hatch = {"reproduced": "", "sanity": "//", "paper": ".."}
+    methods = list(dict.fromkeys(t["method"]))  # one colour per method: its reproduced and paper bars side by side
+    colours = plt.get_cmap("tab20")(np.linspace(0, 1, 20))
     for i, (_, r) in enumerate(t.iterrows()):
         ax.bar(x + (i - (n - 1) / 2) * width, vals.iloc[i].fillna(0).to_numpy(), width,
                yerr=stds.iloc[i].to_numpy(), capsize=2, label=row_label(r), hatch=hatch.get(r["kind"], ""),
-               edgecolor="black", linewidth=0.4)
+               color=colours[methods.index(r["method"]) % 20], edgecolor="black", linewidth=0.4)
     ax.set_xticks(x, types)
     ax.set_ylabel("CIDEr-D (x100)")
     ax.set_title(title, fontsize=10)

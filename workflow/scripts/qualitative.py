@@ -72,7 +72,8 @@ def draw(pairs, raw_dir: Path, captions: dict, maps: dict, title: str, out: str)
         names = [k for k in next(iter(per_pair.values())) if k != "caption"]
         panels += [(("before" if k == "before" else "after"), m, k) for k in names]
     ncol = len(panels) + 1
-    fig = plt.figure(figsize=(1.9 * len(panels) + 5.5, 2.2 * len(pairs) + 0.6))
+    row_height = max(2.2, 0.2 * (3 + len(captions)))  # room for the ground truth and every method's caption
+    fig = plt.figure(figsize=(1.9 * len(panels) + 5.5, row_height * len(pairs) + 0.6))
     grid = fig.add_gridspec(len(pairs), ncol, width_ratios=[1] * len(panels) + [2.9])
     for row, r in enumerate(pairs):
         images = {side: np.asarray(Image.open(raw_dir / r[side]).convert("RGB")) for side in ("before", "after")}

@@ -19,13 +19,15 @@ def page(table: str, csvs: list[str], meta: str) -> str:
         parts.append(f"<p>{html.escape(m['preamble'])}</p>")
     for csv in csvs:
         name = csv.rsplit("/", 1)[-1]
-        parts.append(f"<h3>{html.escape(m.get('tables', {}).get(name, name))} <small>({html.escape(name)})</small></h3>")
+        title = html.escape(m.get("tables", {}).get(name, name))
+        parts.append(f"<h3>{title} <small>({html.escape(name)})</small></h3>")
         parts.append(pd.read_csv(csv, dtype=str).fillna("").to_html(index=False, border=0))
     parts.append("<h3>Notes</h3><ol>" + "".join(f"<li value='{k}'>{html.escape(v)}</li>"
                                                  for k, v in m.get("notes", {}).items()) + "</ol>")
     for o in m.get("orderings", []):
         parts.append(f"<p>{html.escape(o.get('statement', ''))}</p>")
-    return f"<!doctype html><html><head><meta charset='utf-8'><style>{STYLE}</style></head><body>{''.join(parts)}</body></html>"
+    head = f"<!doctype html><html><head><meta charset='utf-8'><style>{STYLE}</style></head>"
+    return f"{head}<body>{''.join(parts)}</body></html>"
 
 
 if __name__ == "__main__":
