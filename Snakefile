@@ -11,6 +11,7 @@
 #   rules/evaluate.smk  scoring of test predictions
 #   rules/tables.smk    the paper tables (CSV + Markdown + .meta.json notes sidecar)
 #   rules/plots.smk     learning curves of every table's methods (inputs of the table rule)
+#   rules/report.smk    the HTML report's figures per table (snakemake --report report.html)
 
 from snakemake.utils import min_version
 
@@ -18,6 +19,9 @@ min_version("9.0")
 
 
 configfile: os.path.join(workflow.basedir, "config/config.yaml")
+
+
+report: "workflow/report/workflow.rst"
 
 
 include: "rules/common.smk"
@@ -29,6 +33,7 @@ include: "rules/baselines.smk"
 include: "rules/evaluate.smk"
 include: "rules/tables.smk"
 include: "rules/plots.smk"
+include: "rules/report.smk"
 include: "rules/clip4idc.smk"
 include: "rules/aux.smk"
 include: "rules/negatives.smk"
@@ -38,4 +43,5 @@ include: "rules/idc_pcl.smk"
 rule all:
     input:
         expand("results/tables/{table}.csv", table=list(config["tables"])),
+        expand("results/report/{table}/items.txt", table=list(config["tables"])),
     default_target: True

@@ -25,7 +25,8 @@ rule plot_method:
         runs=lambda w: [f"{r}/run.json" for r in plot_method_runs(w.dataset, w.method)],
         first_stage=lambda w: [f"{r}/checkpoint.pt" for r in plot_first_stage_runs(w.dataset, w.method)],
     output:
-        report("results/{dataset}/plots/{method}.png", category="Learning curves", subcategory="{dataset}"),
+        report("results/{dataset}/plots/{method}.png", caption="../workflow/report/learning_curves.rst",
+               category="Learning curves", subcategory="{dataset}"),
     wildcard_constraints:
         method="|".join(TRAINED),
     params:
@@ -45,7 +46,8 @@ rule plot_table:
         sanity=lambda w: [f"results/{w.dataset}/{m}/seed0/predictions_val.json" for m in table_cfg(w.table).get("sanity", [])],
         manifest="results/{dataset}/manifest.jsonl",
     output:
-        report("results/{dataset}/plots/{table}_val_cider.png", category="Learning curves", subcategory="{dataset}"),
+        report("results/{dataset}/plots/{table}_val_cider.png", caption="../workflow/report/learning_curves.rst",
+               category="Learning curves", subcategory="{dataset}"),
     wildcard_constraints:
         table="|".join(config["tables"]),
     params:

@@ -6,6 +6,11 @@ def table_dataset(table):
     return table_cfg(table).get("dataset", table)
 
 
+def report_subcategory(wildcards):
+    """A table's items are filed under its dataset in the report (rules/report.smk)."""
+    return table_dataset(wildcards.table)
+
+
 def table_runs(table):
     t, ds = table_cfg(table), table_dataset(table)
     runs = [f"results/{ds}/{m}/seed{s}" for m in t["methods"] for s in config["seeds"]]
@@ -25,9 +30,12 @@ rule table:
         runs=lambda w: [f"{r}/run.json" for r in table_runs(w.table)],
         plots=lambda w: table_plots(w.table),
     output:
-        csv="results/tables/{table}.csv",
+        csv=report("results/tables/{table}.csv", caption="../workflow/report/table.rst", category="Tables",
+                   subcategory=report_subcategory, labels={"table": "{table}", "figure": "table (CSV)"}),
         md="results/tables/{table}.md",
-        by_type="results/tables/{table}_by_type.csv",
+        by_type=report("results/tables/{table}_by_type.csv", caption="../workflow/report/by_type.rst",
+                       category="Change types", subcategory=report_subcategory,
+                       labels={"table": "{table}", "figure": "CIDEr-D by change type (CSV)"}),
         pairs="results/tables/{table}_pairs.csv",
         meta="results/tables/{table}.meta.json",
     wildcard_constraints:

@@ -4,6 +4,16 @@
 # On a GPU machine, install the CUDA build of torch first and this script keeps it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Headless Chromium (Debian's `chromium`) for tests/test_report.py's screenshot of the HTML report; skipped
+# where it is installed already, and only said where this is no root Debian/Ubuntu machine.
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get install -y -qq chromium >/dev/null 2>&1 \
+      || { apt-get update -qq >/dev/null && apt-get install -y -qq chromium >/dev/null; }
+  else
+    echo "setup: no chromium; install Debian's 'chromium' package for the report screenshot test" >&2
+  fi
+fi
 PY=${PYTHON:-python3}
 if ! $PY -c "import torch" 2>/dev/null; then
   # Where PyPI serves CUDA wheels and no GPU is wanted, install torch from PyTorch's CPU index first.

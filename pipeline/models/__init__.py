@@ -46,6 +46,17 @@ def lookup(method: str) -> tuple[str, str] | None:
     return next((target for pattern, target in PATTERNS if pattern.fullmatch(method)), None)
 
 
+# Attention maps a model family exposes to the report (pipeline.attention_maps), by the module of its class:
+# DUDA's dual spatial attention, the SCORER and DIRL families' decoder attention over the difference tokens.
+ATTENTION = {"pipeline.models.duda": "dual", "pipeline.models.scorer": "token", "pipeline.models.dirl": "token"}
+
+
+def attention_kind(method: str) -> str | None:
+    """``dual``, ``token`` or None (no attention map) for a method id."""
+    target = lookup(method)
+    return ATTENTION.get(target[0]) if target else None
+
+
 def build_model(method: str, vocab_size: int, feat_dim: int, hparams: dict):
     target = lookup(method)
     if target is None:
