@@ -62,13 +62,19 @@ def test_dvc_stages_match_the_configured_tables_and_datasets():
     got = stages(ROOT)
     assert set(got) == {f"table@{t}" for t in cfg["tables"]} | {f"data@{d}" for d in cfg["datasets"]}
     for t, block in cfg["tables"].items():
-        assert "dataset" in block, f"tables.{t}: dvc.yaml needs the table's dataset named (tables.{t}.dataset)"
         cmd, deps, outs = got[f"table@{t}"]
         assert cmd.startswith("snakemake ") and f"results/tables/{t}.csv" in cmd.split()
         assert f"resources/raw/{block['dataset']}" in deps
         assert f"results/tables/{t}.csv" in outs
     for d in cfg["datasets"]:
         assert got[f"data@{d}"][2] == [f"resources/raw/{d}"]
+
+
+@pytest.mark.parametrize("config", ["config/config.yaml", "config/paper.yaml", ".test/config/config.yaml"])
+def test_every_configuration_names_each_table_s_dataset(config):
+    """Any of them may be DVC's params file (written over config/config.yaml): dvc.yaml reads tables.<t>.dataset."""
+    tables = yaml.safe_load((ROOT / config).read_text())["tables"]
+    assert [t for t, block in tables.items() if "dataset" not in block] == []
 
 
 @pytest.fixture(scope="module")
@@ -119,8 +125,9 @@ def test_plots_show_renders_curves_and_per_type_scores(repo, tmp_path):
 
 @pytest.mark.slow
 def test_push_pull_round_trip_restores_every_file_and_snakemake_plans_nothing(repo, tmp_path):
-    """A colleague's finished tree: push to a local-directory remote, lose the cache and every DVC output, pull:
-    identical bytes, and after `snakemake --touch` (DVC restores contents, not timestamps) no job is planned."""
+    """A finished tree pushed to a local-directory remote, its cache and every DVC output lost, pulled: identical
+    bytes, and after `snakemake --touch` (DVC restores contents, not timestamps) no job is planned; likewise in a
+    colleague's clone that holds only the pulled files."""
     dvc(repo, "remote", "add", "-d", "store", tmp_path / "store")
     dvc(repo, "push")
     outs = lock_outs(repo)
@@ -136,4 +143,14 @@ def test_push_pull_round_trip_restores_every_file_and_snakemake_plans_nothing(re
     assert "manifest" in planned_rules(snakemake(repo, "-n", *targets))  # fresh timestamps: all would re-run
     snakemake(repo, "--touch", *targets)
     p = snakemake(repo, "-n", *targets)
+    assert "Nothing to be done" in p.stdout + p.stderr, p.stdout[-3000:]
+    # a colleague's clone: only what git and DVC hold (no features, checkpoints or predictions), same commands
+    run(repo, "git", "add", "-A")
+    run(repo, "git", "-c", "user.name=test", "-c", "user.email=test@example.org", "commit", "-qm", "results")
+    run(tmp_path, "git", "clone", "-q", repo, tmp_path / "clone")
+    clone = tmp_path / "clone"
+    dvc(clone, "pull", "--with-deps", f"table@{TABLE}")
+    assert file_hashes(clone, outs) == before and not (clone / f"results/{TABLE}/duda").exists()
+    snakemake(clone, "--touch", *targets)
+    p = snakemake(clone, "-n", *targets)
     assert "Nothing to be done" in p.stdout + p.stderr, p.stdout[-3000:]
