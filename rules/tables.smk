@@ -50,3 +50,24 @@ rule table:
     shell:
         "python -m pipeline table --dataset {params.dataset} --runs {params.runs} "
         "--paper-methods {params.paper} --plots {input.plots} {params.orderings} --out {output.csv} > {log} 2>&1"
+
+
+rule dvc_files:
+    """DVC's view of a table (dvc.yaml's table stages; docs/contracts.md): its scores and every run's metrics.json
+    as one metrics file, the per-type scores and every run's validation curve as plot files. Not in `all`."""
+    input:
+        csv="results/tables/{table}.csv",
+        by_type="results/tables/{table}_by_type.csv",
+        metrics=lambda w: [f"{r}/metrics.json" for r in table_runs(w.table)],
+    output:
+        metrics="results/tables/{table}_metrics.json",
+        by_type="results/tables/{table}_by_type_plot.csv",
+        curves=directory("results/tables/{table}_curves"),
+    wildcard_constraints:
+        table="|".join(config["tables"]),
+    params:
+        runs=lambda w: table_runs(w.table),
+    log:
+        "logs/tables/{table}_dvc_files.log",
+    script:
+        "../workflow/scripts/dvc_files.py"
