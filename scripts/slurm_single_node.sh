@@ -136,6 +136,9 @@ AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 MpiDefault=none
 SchedulerType=sched/backfill
+# Pending jobs are looked at every 2 s, not every 60 s (30 s for backfill): a job that missed the pass at its
+# submission would otherwise wait for the next one or for another job's end.
+SchedulerParameters=sched_interval=2,bf_interval=2
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 ReturnToService=2

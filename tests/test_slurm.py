@@ -100,8 +100,9 @@ def runs(cluster, tree, tmp_path_factory):
 
 
 def test_every_job_of_the_dag_went_through_sbatch_on_the_cluster(runs, cluster):
-    """One SLURM log per job under the plugin's .snakemake/slurm_logs/rule_<rule>/, for exactly the rules the local
-    run executed, named by job ids that this cluster's controller allocated and completed with exit code 0."""
+    """One SLURM log per job under the plugin's .snakemake/slurm_logs/rule_<rule>/, for exactly the jobs the local
+    run executed, named by the ids of batch jobs that this cluster's controller received, started in the test
+    partition and saw end with exit code 0, and no other job."""
     local_rules = re.findall(r"^localrule (\w+):", runs["local_log"], flags=re.M)
     assert "train" in local_rules and "table" in local_rules
     assert not re.search(r"^localrule ", runs["slurm_log"], flags=re.M)  # nothing ran on the submitting host
@@ -113,9 +114,13 @@ def test_every_job_of_the_dag_went_through_sbatch_on_the_cluster(runs, cluster):
         assert f"rule {rule}:" in log.read_text()  # the job step ran that rule
     assert {r: len(ids) for r, ids in by_rule.items()} == {r: local_rules.count(r) for r in set(local_rules)}
     ctld = (cluster / "log/slurmctld.log").read_text()
-    for job_id in (i for ids in by_rule.values() for i in ids):
-        assert re.search(rf"sched: Allocate JobId={job_id} NodeList=\S+ #CPUs=1 Partition={PARTITION}", ctld), job_id
-        assert re.search(rf"_job_complete: JobId={job_id} WEXITSTATUS 0", ctld), job_id
+    job_ids = sorted(i for ids in by_rule.values() for i in ids)
+    assert sorted(map(int, re.findall(r"_slurm_rpc_submit_batch_job: JobId=(\d+) ", ctld))) == job_ids
+    for i in job_ids:
+        # started by the main scheduler or by backfill, which log it differently
+        assert re.search(rf"sched: Allocate JobId={i} NodeList=\S+ #CPUs=\d+ Partition={PARTITION}\n"
+                         rf"|_start_job: Started JobId={i} in {PARTITION} on ", ctld), i
+        assert re.search(rf"_job_complete: JobId={i} WEXITSTATUS 0\n", ctld), i
 
 
 def test_the_slurm_table_equals_the_local_table(runs):
