@@ -89,10 +89,17 @@ def runs(cluster, tree, tmp_path_factory):
     t0 = time.monotonic()
     loc = subprocess.Popen([*smk, "--directory", str(local), "--cores", "1", TARGET], env=ENV, text=True,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    slurm = subprocess.run([*smk, "--directory", str(cl), "--workflow-profile", str(tree / "profiles/slurm"),
-                            *cluster_overlay(profile), TARGET], env={**ENV, "SLURM_CONF": str(cluster / "slurm.conf")},
-                           capture_output=True, text=True, timeout=900)
-    loc_out = loc.communicate(timeout=900)[0]
+    try:
+        # a hang (say, a status command that never sees a job end) fails here; the cluster fixture cancels its jobs
+        slurm = subprocess.run([*smk, "--directory", str(cl), "--workflow-profile", str(tree / "profiles/slurm"),
+                                *cluster_overlay(profile), TARGET],
+                               env={**ENV, "SLURM_CONF": str(cluster / "slurm.conf")},
+                               capture_output=True, text=True, timeout=600)
+        loc_out = loc.communicate(timeout=600)[0]
+    finally:
+        if loc.poll() is None:
+            loc.kill()
+            loc.wait()
     print(f"SLURM run {time.monotonic() - t0:.0f} s")
     assert loc.returncode == 0, f"local run failed:\n{loc_out[-4000:]}"
     assert slurm.returncode == 0, f"SLURM run failed:\n{slurm.stdout[-3000:]}\n{slurm.stderr[-5000:]}"
