@@ -21,5 +21,5 @@ if ! $PY -c "import torch" 2>/dev/null; then
   # Where PyPI serves CUDA wheels and no GPU is wanted, install torch from PyTorch's CPU index first.
   $PY -m pip install --quiet torch==2.13.0
 fi
-$PY -m pip install --quiet -e ".[test,dvc]"
-$PY -c "import pipeline, torch, snakemake, h5py, pycocoevalcap, transformers; print('set-up ok: torch', torch.__version__)"
+$PY -m pip install --quiet -e ".[test,dvc,slurm]"
+$PY -c "import pipeline, torch, snakemake, h5py, pycocoevalcap, transformers, snakemake_executor_plugin_slurm; print('set-up ok: torch', torch.__version__)"
