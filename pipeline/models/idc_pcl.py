@@ -36,6 +36,13 @@ Pre-training (§2.2; bidirectional attention, caption padding masked), one task 
   match text without the images. The image difference encoder runs once per pair (as the official code),
   its output repeated for the pair's 1 + K captions.
 
+Cross-task expansion (§2.4, appendix A.3; batches from ``pipeline.cross_task``): a GIC batch (CUB) carries
+``img2_empty``: its second image is the empty image, whose cells no query attends to (single-image, pair and
+cross-modal encoders; its [IMG2] token stays, so FDA's mean([IMG1], [IMG2]) is defined) and MVCL masks the real
+image only; its loss parts are logged as ``gic_*``. An FGVC batch (task ``fgvc``, NABirds pairs) trains the image
+difference encoder with ``pipeline.models.idc_pcl_fgvc`` (heads built when ``fgvc_classes`` > 0, dropped at
+fine-tuning).
+
 Fine-tuning (§2.3, §3.1): UniLM-style sequence-to-sequence mask: visual tokens attend to visual tokens,
 caption tokens to all visual tokens and causally to the caption. ``ft_targets="masked"`` (the default, the
 official Oscar-style recipe): caption tokens are masked as in MLM (``ft_mask_prob`` 15 %) and predicted under
