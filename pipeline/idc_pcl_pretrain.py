@@ -138,6 +138,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--features", required=True)
     p.add_argument("--negatives", default=None, help="negatives.jsonl (needed when the fda ratio is > 0)")
     p.add_argument("--run-dir", required=True)
+    p.add_argument("--cross-task", default=None, help="JSON of the cross-task inputs (pipeline.cross_task)")
     p.add_argument("--val-batches", type=int, default=2, help="validation batches per task")
     p.add_argument("--device", default="auto")
     p.add_argument("--threads", type=int, default=0)
@@ -175,12 +176,23 @@ def run(args: argparse.Namespace) -> None:
         tagger = {r.get("tagger") for r in allneg}
         print(f"pretrain: FDA negatives from {args.negatives} (tagger {', '.join(map(str, sorted(tagger)))})", flush=True)
 
+    expansion = None
+    if hp.get("cross_task"):  # CUB / NABirds batches beside the pairs' (pipeline.cross_task)
+        from pipeline import cross_task
+
+        expansion = cross_task.open_expansion(hp["cross_task"], cross_task.input_paths(args.cross_task), vocab,
+                                              max_words, cfg.batch_size, args.seed, ratios,
+                                              lambda path: cross_task.negatives_by_split(path, "fda" in cycle))
+        model_hp = {**model_hp, **expansion[1]}
+
     with FeatureStore(args.features) as store:
         model = IDCPCL(vocab_size=len(vocab), feat_dim=store.shape[0], **model_hp)
         train_b = PretrainBatches(splits["train"], labels, store, vocab, max_words, negs["train"], cfg.batch_size,
                                   args.seed, ratios)
         val_b = PretrainBatches(splits["val"], labels, store, vocab, max_words, negs["val"], cfg.batch_size,
                                 args.seed, ratios)
+        if expansion:
+            train_b, val_b = expansion[0](train_b, "train"), expansion[0](val_b, "val")
         run_dir.mkdir(parents=True, exist_ok=True)
         log_path = run_dir / "train_log.jsonl"
         n_val = [0]
@@ -219,7 +231,7 @@ def run(args: argparse.Namespace) -> None:
             "backbone": store.attrs.get("backbone"), "weights": store.attrs.get("weights"),
             "steps_per_s": round(summary["steps_per_s"], 3), "train_seconds": round(time.time() - t0, 1),
             "device": device.type, "precision": resolved_precision(device, cfg.precision), "config": hp,
-            "history": summary["history"],
+            "history": summary["history"], "cross_task": expansion[2] if expansion else None,
         })
     discard_resume_state(run_dir)
     print(f"pretrain: {args.name} seed {args.seed}: {cfg.iterations} steps ({'/'.join(cycle)}), "

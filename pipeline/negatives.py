@@ -407,12 +407,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
+    from pipeline import cross_task
     from pipeline.pos_tagging import make_tagger
 
     if not 0 < args.replace_fraction <= 1:
         raise PipelineError(f"--replace-fraction must be in (0, 1], got {args.replace_fraction}")
     s = Settings(*args.per_kind, replace_fraction=args.replace_fraction, min_df=args.min_df, seed=args.seed)
     records = read_jsonl(args.manifest)
+    if records and cross_task.is_single_image(records[0]):  # GIC captions (CUB): pseudo pairs, no Confuse
+        records, s = cross_task.pseudo_pairs(records), cross_task.gic_settings(s)
     tagger = make_tagger(args.tagger, args.dataset, args.stanza_dir)
     out, stats = build(records, tagger, s)
     write_jsonl(args.out, out)

@@ -73,6 +73,7 @@ def _t(color=None, texture=None, add=None, drop=None, move=None, distractor=None
 def _rows() -> list[PaperRow]:
     R = PaperRow
     cc, dc, sd, ier = "clevr_change", "clevr_dc", "spot_the_diff", "image_editing_request"
+    b2w = "birds_to_words"
     rows = [
         # ---------------------------------------------------------------- CLEVR-Change, whole test split
         R("duda", cc, "total", f"{AUX} Table 1", _m(b4=47.3, m=33.9, c=112.3, s=24.5), label="DUDA [25]",
@@ -236,6 +237,26 @@ def _rows() -> list[PaperRow]:
         R("dirl", ier, "total", f"{DIRL}", _m(), label="",
           note="not reported on Image Editing Request (Table 5 has DIRL+CCR only)"),
         R("dirl_ccr", ier, "total", f"{DIRL} Table 5", _m(b4=10.9, m=15.0, r=41.0, c=34.1), label="DIRL+CCR (Ours)"),
+        # ---------------------------------------------------------------- Birds-to-Words (whole test split)
+        # IDC-PCL Table 1 (B4, M, C(D), R; ROUGE-L the main metric) and Table 5, its cross-task ablation (B2W / CUB /
+        # NAB columns). Every pair is changed: no changed / distractor / by_type rows.
+        R("idc_pcl_no_pretrain", b2w, "total", f"{PCL}", _m(), label="",
+          note="not reported on Birds-to-Words (Table 4, the ablation without pre-training, is on CLEVR-Change)"),
+        R("idc_pcl", b2w, "total", f"{PCL} Table 1 (= Table 5, B2W only)", _m(b4=28.0, m=23.1, r=48.4, c=18.6),
+          label="Ours"),
+        R("idc_pcl_cub", b2w, "total", f"{PCL} Table 5", _m(b4=29.3, m=23.1, r=48.5, c=23.8), label="Ours, B2W + CUB"),
+        R("idc_pcl_nabirds", b2w, "total", f"{PCL} Table 5", _m(b4=27.5, m=23.3, r=48.5, c=21.9),
+          label="Ours, B2W + NAB"),
+        R("idc_pcl_cub_nabirds", b2w, "total", f"{PCL} Table 1 (= Table 5, B2W + CUB + NAB)",
+          _m(b4=31.0, m=23.4, r=49.1, c=25.3), label="Ours(+Extra Data)"),
+        R("neural_naturalist", b2w, "total", f"{PCL} Table 1", _m(b4=22.0, r=43.0, c=25.0),
+          label="Neural Naturalist (2019)"),
+        R("relational_speaker", b2w, "total", f"{PCL} Table 1", _m(b4=21.5, m=22.4, r=43.4, c=5.8),
+          label="Relational Speaker (2019)"),
+        R("duda", b2w, "total", f"{PCL} Table 1", _m(b4=23.9, m=21.9, r=44.3, c=4.6), label="DUDA (2019)"),
+        R("l2c", b2w, "total", f"{PCL} Table 1 (= Table 5)", _m(b4=31.3, r=45.3, c=15.1), label="L2C (2021)"),
+        R("l2c_cub", b2w, "total", f"{PCL} Table 1 (= Table 5, B2W + CUB)", _m(b4=31.8, r=45.6, c=16.3),
+          label="L2C(+CUB) (2021)"),
     ]
     return rows
 

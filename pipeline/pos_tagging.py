@@ -28,7 +28,9 @@ from typing import Protocol, Sequence
 from pipeline.errors import PipelineError
 
 # Synthetic worlds' lexicons (dataset id -> "module:attribute"); each maps word -> Universal POS tag.
-LEXICONS = {"clevr_change": "pipeline.synth.captions:POS_LEXICON"}
+LEXICONS = {"clevr_change": "pipeline.synth.captions:POS_LEXICON",
+            # the bird worlds (Birds-to-Words and its cross-task data CUB) share one vocabulary
+            "birds_to_words": "pipeline.synth.birds:POS_LEXICON", "cub": "pipeline.synth.birds:POS_LEXICON"}
 STANZA_PROCESSORS = "tokenize,pos"
 
 

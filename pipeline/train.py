@@ -84,6 +84,8 @@ def run(args: argparse.Namespace) -> None:
     vocab = Vocab.load(Path(args.text_dir) / "vocab.json")
     labels = Labels(Path(args.text_dir) / "labels.h5")
     max_len = int(cfg.extra.get("max_decode_len", 24))
+    # the papers' main metric of the dataset (IDC-PCL: ROUGE-L on Birds-to-Words); pycocoevalcap's names
+    select_metric = cfg.extra.get("select_metric", "CIDEr")
     refs = {r["pair_id"]: r["captions"] for r in val_recs}
 
     with FeatureStore(args.features) as store:
@@ -102,8 +104,8 @@ def run(args: argparse.Namespace) -> None:
 
         def validate(m):
             preds = decode_split(m, val_recs, store, vocab, device, 128, max_len, cfg.precision)
-            s = score(refs, {p["image_id"]: p["caption"] for p in preds}, metrics=("CIDEr",))
-            return s["CIDEr"], preds
+            s = score(refs, {p["image_id"]: p["caption"] for p in preds}, metrics=(select_metric,))
+            return s[select_metric], preds
 
         def on_best(preds):
             best_preds["val"] = preds
@@ -128,8 +130,10 @@ def run(args: argparse.Namespace) -> None:
             "source": ",".join(sources), "backbone": store.attrs.get("backbone"),
             # a model that holds its own pretrained network (CLIP4IDC) names its weights; else the features'
             "weights": getattr(model, "weights_identity", None) or store.attrs.get("weights"),
-            "selected_step": summary["best_step"], "val_CIDEr": summary["best_score"],
-            "selection": "greedy decoding, validation CIDEr-D", "train_seconds": round(time.time() - t0, 1),
+            "selected_step": summary["best_step"],
+            **({"val_CIDEr": summary["best_score"]} if select_metric == "CIDEr" else
+               {"val_CIDEr": None, f"val_{select_metric}": summary["best_score"]}),
+            "selection": f"greedy decoding, validation {'CIDEr-D' if select_metric == 'CIDEr' else select_metric}", "train_seconds": round(time.time() - t0, 1),
             "steps_per_s": round(summary["steps_per_s"], 3), "device": device.type,
             "precision": resolved_precision(device, cfg.precision),
             "config": json.loads(args.hparams), "vocab_size": len(vocab), "n_train_items": len(batches),
@@ -144,4 +148,4 @@ def run(args: argparse.Namespace) -> None:
     save(run_dir / "checkpoint.pt", ck)
     discard_resume_state(run_dir)
     print(f"train: {args.method} seed {args.seed}: selected step {summary['best_step']} "
-          f"(val CIDEr-D {summary['best_score']:.3f}), {summary['steps_per_s']:.2f} steps/s")
+          f"(val {select_metric} {summary['best_score']:.3f}), {summary['steps_per_s']:.2f} steps/s")

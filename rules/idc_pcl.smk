@@ -3,6 +3,7 @@
 # (methods with `init_from: idc_pcl_pretrain*`); the ablation of the paper's Table 4 is the named table
 # `clevr_change_ablation_idc_pcl` (`snakemake results/tables/clevr_change_ablation_idc_pcl.csv`).
 import re
+import shlex
 
 IDC_PCL_PRETRAIN = sorted(n for n in config.get("pretraining", {}) if re.fullmatch(r"idc_pcl_pretrain(_\w+)?", n))
 
@@ -31,9 +32,34 @@ def idc_pcl_check_config():
 idc_pcl_check_config()
 
 
+def idc_pcl_cross_task_inputs(w):
+    """The cross-task data of an expansion run (pipeline/cross_task.py): a GIC dataset's manifest, features
+    and (with FDA) its Retrieve/Replace negatives; an FGVC dataset's manifest and features."""
+    cfg = idc_pcl_pretrain_cfg(w.dataset, w.name)
+    spec, out = cfg.get("cross_task") or {}, {}
+    for role in ("gic", "fgvc"):
+        if role in spec:
+            d = spec[role]
+            out[f"{role}_manifest"] = f"results/{d}/manifest.jsonl"
+            out[f"{role}_features"] = f"results/{d}/features/{cfg['backbone']}.h5"
+    if "gic" in spec and cfg["tasks"].get("fda", 0) > 0:
+        out["gic_negatives"] = f"results/{spec['gic']}/text/negatives.jsonl"
+    return out
+
+
+def idc_pcl_cross_task_arg(input):
+    paths = {}
+    for key in ("gic_manifest", "gic_features", "gic_negatives", "fgvc_manifest", "fgvc_features"):
+        if key in input.keys():
+            role, what = key.split("_", 1)
+            paths.setdefault(role, {})[what] = str(input[key])
+    return f"--cross-task {shlex.quote(json.dumps(paths, sort_keys=True))}" if paths else ""
+
+
 rule pretrain_idc_pcl:
     """IDC-PCL pre-training (resumable); checkpoint.pt holds the weights after the last step."""
     input:
+        unpack(idc_pcl_cross_task_inputs),
         manifest="results/{dataset}/manifest.jsonl",
         vocab="results/{dataset}/text/vocab.json",
         labels="results/{dataset}/text/labels.h5",
@@ -48,6 +74,7 @@ rule pretrain_idc_pcl:
     params:
         hp=lambda w: as_json(idc_pcl_pretrain_cfg(w.dataset, w.name)),
         negatives=lambda w, input: f"--negatives {input.negatives}" if input.negatives else "",
+        cross=lambda w, input: idc_pcl_cross_task_arg(input),
     threads: 1
     resources:
         gpu=GPU_TOKEN,
@@ -59,5 +86,5 @@ rule pretrain_idc_pcl:
     shell:
         "python -m pipeline pretrain-idc-pcl --name {wildcards.name} --dataset {wildcards.dataset} "
         "--seed {wildcards.seed} --hparams {params.hp:q} --manifest {input.manifest} "
-        "--text-dir results/{wildcards.dataset}/text --features {input.features} {params.negatives} "
+        "--text-dir results/{wildcards.dataset}/text --features {input.features} {params.negatives} {params.cross} "
         "--run-dir results/{wildcards.dataset}/{wildcards.name}/seed{wildcards.seed} --threads {threads} > {log} 2>&1"

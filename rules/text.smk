@@ -6,7 +6,7 @@ rule text:
         vocab="results/{dataset}/text/vocab.json",
         labels="results/{dataset}/text/labels.h5",
     params:
-        cfg=sorted_cfg(config["text"]),
+        cfg=lambda w: sorted_cfg({**config["text"], **dataset_cfg(w.dataset).get("text", {})}),
     log:
         "logs/{dataset}/text.log",
     shell:

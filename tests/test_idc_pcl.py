@@ -154,9 +154,9 @@ def test_mvcl_zeroes_only_the_masked_cells_of_the_chosen_image(monkeypatch):
     got = {}
     orig = m.visual
 
-    def spy(a, b):
+    def spy(a, b, *empty):
         got["a"], got["b"] = a.clone(), b.clone()
-        return orig(a, b)
+        return orig(a, b, *empty)
 
     monkeypatch.setattr(m, "visual", spy)
     m.pretraining_loss(batch)

@@ -482,3 +482,56 @@ def test_bird_datasets_official_offline_say_what_to_place_where(tmp_path):
     assert "place it at resources/raw/birds_to_words/official/data/birds-to-words-v1.0.tsv" in log
     _, log = _official_offline(tmp_path / "nabirds", "nabirds")
     assert "place it at resources/raw/nabirds/official/nabirds.tar.gz" in log and "dl.allaboutbirds.org" in log
+
+
+def test_birds_to_words_table_plans_the_expansion_runs(tmp_path):
+    """Issue 16: the Birds-to-Words table (IDC-PCL Tables 1 and 5) plans IDC-PCL without pre-training and pre-trained on
+    Birds-to-Words alone, + CUB, + NABirds and + both: the expansion runs read CUB's and NABirds' manifests and
+    features (through the generic feature rule), and CUB's negatives; fine-tuning selects on ROUGE-L."""
+    cfg = yaml.safe_load(TEST_CONFIG.read_text())
+    cfg["tables"]["birds_to_words"].update(  # the default configuration's rows
+        methods=["idc_pcl_no_pretrain", "idc_pcl", "idc_pcl_cub", "idc_pcl_nabirds", "idc_pcl_cub_nabirds"],
+        sanity=["most_frequent", "nearest_neighbour"], sanity_backbone="resnet101_layer3")
+    five = tmp_path / "five.yaml"
+    five.write_text(yaml.safe_dump(cfg))
+    p = smk(tmp_path, "results/tables/birds_to_words.csv", "--dry-run", "--printshellcmds", config=five)
+    out = p.stdout + p.stderr
+    jobs = dict(re.findall(r"^\s*(\w+)\s+(\d+)$", out.split("Job stats:")[1].split("Reasons:")[0], flags=re.M))
+    assert (jobs["pretrain_idc_pcl"], jobs["train"], jobs["negatives"], jobs["extract_features"]) == ("4", "5", "2", "4")
+    for d in ("cub", "nabirds", "birds_to_words"):
+        assert f"results/{d}/features/resnet101_layer4.h5" in out
+    assert "results/cub/text/negatives.jsonl" in out and "results/nabirds/text" not in out
+    cmds = [line for line in out.splitlines() if "python -m pipeline pretrain-idc-pcl" in line]
+    by_name = {re.search(r"--name (\w+)", c).group(1): c for c in cmds}
+    assert set(by_name) == {"idc_pcl_pretrain", "idc_pcl_pretrain_cub", "idc_pcl_pretrain_nabirds",
+                            "idc_pcl_pretrain_cub_nabirds"}
+    assert "--cross-task" not in by_name["idc_pcl_pretrain"]
+    assert '"gic"' in by_name["idc_pcl_pretrain_cub"] and '"fgvc"' not in by_name["idc_pcl_pretrain_cub"]
+    assert '"fgvc"' in by_name["idc_pcl_pretrain_nabirds"] and '"gic"' not in by_name["idc_pcl_pretrain_nabirds"]
+    assert '"gic"' in by_name["idc_pcl_pretrain_cub_nabirds"] and '"fgvc"' in by_name["idc_pcl_pretrain_cub_nabirds"]
+    assert all('\\"mlm\\": 9' in c or '"mlm": 9' in c for c in cmds)  # Birds-to-Words' task ratio (§3.1)
+    trains = [line for line in out.splitlines() if "python -m pipeline train " in line]
+    assert len(trains) == 5 and all("ROUGE_L" in c for c in trains)
+
+
+def test_birds_to_words_table_through_the_expansion(workdir):
+    """The tiny Birds-to-Words table built: IDC-PCL without pre-training and pre-trained with CUB then Birds-to-Words
+    mixed with NABirds, beside the sanity row and IDC-PCL's Table 1 / Table 5 rows (ROUGE-L its main metric)."""
+    smk(workdir, "results/tables/birds_to_words.csv")
+    t, n_test, runs = _plain_table(workdir, "birds_to_words", ("idc_pcl_no_pretrain", "idc_pcl_cub_nabirds"))
+    assert list(zip(t["method"], t["kind"]))[:3] == [
+        ("idc_pcl_no_pretrain", "reproduced"), ("idc_pcl_cub_nabirds", "reproduced"), ("most_frequent", "sanity")]
+    paper = t[t["kind"] == "paper"].set_index("method")
+    assert (paper.loc["idc_pcl_cub_nabirds", "ROUGE-L"], paper.loc["l2c_cub", "CIDEr"]) == ("49.1", "16.3")
+    # no paper number without pre-training on Birds-to-Words, no METEOR for L2C: cells left n/a, never filled
+    assert pd.isna(paper.loc["idc_pcl_no_pretrain", "ROUGE-L"]) and pd.isna(paper.loc["l2c", "METEOR"])  # "n/a"
+    assert all(r["selection"] == "greedy decoding, validation ROUGE_L" and r["val_CIDEr"] is None and
+               r["val_ROUGE_L"] is not None for r in runs.values())
+    pre = json.loads((workdir / "results/birds_to_words/idc_pcl_pretrain_cub_nabirds/seed0/pretrain.json").read_text())
+    ct = pre["cross_task"]
+    assert ct["gic_steps"] == 4 and ct["fgvc_classes"] >= 2 and ct["gic_train_images"] > 0
+    log = [json.loads(line) for line in
+           (workdir / "results/birds_to_words/idc_pcl_pretrain_cub_nabirds/seed0/train_log.jsonl").read_text().splitlines()]
+    steps = [r for r in log if "train_steps" in r]
+    assert any("gic_mlm" in r for r in steps[:4]) and not any("gic_mlm" in r for r in steps[4:])
+    assert any("fgvc_match" in r for r in steps[4:])

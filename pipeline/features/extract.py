@@ -152,7 +152,8 @@ def _weights_name(spec: str) -> str:
 
 # ------------------------------------------------------------------------------------------ inputs
 def image_keys_from_manifest(manifest: str | os.PathLike) -> list[str]:
-    """The sorted unique non-empty ``before``/``after`` values of a manifest."""
+    """The sorted unique non-empty ``before``/``after`` values of a manifest (``image`` of single-image records,
+    docs/contracts.md: CUB, NABirds)."""
     from pipeline.utils.io import read_jsonl
 
     records = read_jsonl(manifest)
@@ -160,12 +161,12 @@ def image_keys_from_manifest(manifest: str | os.PathLike) -> list[str]:
     for n, rec in enumerate(records, 1):
         if not isinstance(rec, dict):
             raise PipelineError(f"{manifest}: record {n} is not a JSON object")
-        for field_ in ("before", "after"):
+        for field_ in ("image",) if "image" in rec else ("before", "after"):
             value = rec.get(field_)
             if value in (None, ""):
-                if field_ == "before":
+                if field_ != "after":
                     raise PipelineError(f"{manifest}: record {n} (pair_id {rec.get('pair_id')!r}) has no "
-                                        f"'before' image key")
+                                        f"{field_!r} image key")
                 continue
             if not isinstance(value, str):
                 raise PipelineError(f"{manifest}: record {n}: {field_!r} must be a string, got {value!r}")

@@ -13,7 +13,8 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "duda_aux_easy": ("pipeline.models.aux_training", "AuxiliaryTraining"),
     # IDC-PCL and the variants of its Table 4: one class; pre-training run (`init_from`) and `model:` differ.
     **{m: ("pipeline.models.idc_pcl", "IDCPCL") for m in
-       ("idc_pcl", "idc_pcl_no_pretrain", "idc_pcl_mlm", "idc_pcl_mlm_mvcl", "idc_pcl_no_de", "idc_pcl_no_dj")},
+       ("idc_pcl", "idc_pcl_no_pretrain", "idc_pcl_mlm", "idc_pcl_mlm_mvcl", "idc_pcl_no_de", "idc_pcl_no_dj",
+        "idc_pcl_cub", "idc_pcl_nabirds", "idc_pcl_cub_nabirds")},
     # CLIP4IDC and its CLIP-FT baseline and ablations: one class, the variant set by `model:` (config).
     "clip_ft": ("pipeline.models.clip4idc", "CLIP4IDC"),
     "clip4idc": ("pipeline.models.clip4idc", "CLIP4IDC"),

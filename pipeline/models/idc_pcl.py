@@ -36,6 +36,13 @@ Pre-training (§2.2; bidirectional attention, caption padding masked), one task 
   match text without the images. The image difference encoder runs once per pair (as the official code),
   its output repeated for the pair's 1 + K captions.
 
+Cross-task expansion (§2.4, appendix A.3; batches from ``pipeline.cross_task``): a GIC batch (CUB) carries
+``img2_empty``: its second image is the empty image, whose cells no query attends to (single-image, pair and
+cross-modal encoders; its [IMG2] token stays, so FDA's mean([IMG1], [IMG2]) is defined) and MVCL masks the real
+image only; its loss parts are logged as ``gic_*``. An FGVC batch (task ``fgvc``, NABirds pairs) trains the image
+difference encoder with ``pipeline.models.idc_pcl_fgvc`` (heads built when ``fgvc_classes`` > 0, dropped at
+fine-tuning).
+
 Fine-tuning (§2.3, §3.1): UniLM-style sequence-to-sequence mask: visual tokens attend to visual tokens,
 caption tokens to all visual tokens and causally to the caption. ``ft_targets="masked"`` (the default, the
 official Oscar-style recipe): caption tokens are masked as in MLM (``ft_mask_prob`` 15 %) and predicted under
@@ -69,7 +76,7 @@ from pipeline.models.dropout import dropout as shared_dropout
 from pipeline.models.dropout import keep_mask
 from pipeline.text import END, START
 
-TASKS = ("mlm", "mvcl", "fda")
+TASKS = ("mlm", "mvcl", "fda", "fgvc")  # fgvc: the cross-task expansion (pipeline.models.idc_pcl_fgvc)
 FIRST_WORD = 4  # ids below are <NULL> <UNK> <START> <END>
 
 
@@ -238,7 +245,8 @@ class IDCPCL(CaptionModel):
                  layers: int = 3, single_layers: int = 1, pair_layers: int = 1, dropout: float = 0.2,
                  difference_encoder: bool = True, distractor_judging: bool = True, mlm_prob: float = 0.15,
                  mvcl_prob: float = 0.15, nce_temp: float = 1.0, fda_temp: float = 1.0, ft_mask_prob: float = 0.15,
-                 ft_targets: str = "masked", max_positions: int = 512):
+                 ft_targets: str = "masked", max_positions: int = 512, fgvc_classes: int = 0,
+                 fgvc_margin: float = 0.4):
         super().__init__()
         d = hidden
         self.vocab_size = vocab_size
@@ -264,6 +272,11 @@ class IDCPCL(CaptionModel):
         self.mvcl = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.LayerNorm(d))
         self.mvcl_bias = nn.Parameter(torch.zeros(feat_dim))
         self.judge = nn.Linear(2 * d, 2)
+        self.fgvc_margin = fgvc_margin
+        if fgvc_classes:  # only a pre-training run with FGVC data (NABirds) has these heads
+            from pipeline.models.idc_pcl_fgvc import FGVCHeads
+
+            self.fgvc = FGVCHeads(d, fgvc_classes)
         self.apply(self._init)
         nn.init.normal_(self.img_token, std=0.02)
 
@@ -288,16 +301,32 @@ class IDCPCL(CaptionModel):
         x = self.word(ids) * math.sqrt(self.d) + self.pos[start:start + ids.size(1)] + self.type_emb.weight[2]
         return dropout(self.ln_txt(x), self.p, self.training)
 
-    def single_image(self, feats: torch.Tensor, which: int) -> torch.Tensor:
+    def single_image(self, feats: torch.Tensor, which: int, empty: torch.Tensor | None = None) -> torch.Tensor:
         x = self.embed_image(feats, which)
-        return self.single(x) if self.difference_encoder else x
+        if not self.difference_encoder:
+            return x
+        if empty is None:
+            return self.single(x)
+        keep = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)  # an empty image's [IMG] sees itself only
+        keep[:, 1:] = ~empty.bool().unsqueeze(1)
+        return self.single(x, keep[:, None, None, :])
 
-    def pair_images(self, s1: torch.Tensor, s2: torch.Tensor) -> torch.Tensor:
+    def pair_images(self, s1: torch.Tensor, s2: torch.Tensor, empty2: torch.Tensor | None = None) -> torch.Tensor:
         v = torch.cat([s1, s2], 1)
-        return self.pair(v) if self.difference_encoder else v
+        if not self.difference_encoder:
+            return v
+        return self.pair(v, None if empty2 is None else self.visual_keys(v.size(1), empty2)[:, None, None, :])
 
-    def visual(self, img1: torch.Tensor, img2: torch.Tensor) -> torch.Tensor:
-        return self.pair_images(self.single_image(img1, 0), self.single_image(img2, 1))
+    def visual(self, img1: torch.Tensor, img2: torch.Tensor, empty2: torch.Tensor | None = None) -> torch.Tensor:
+        return self.pair_images(self.single_image(img1, 0), self.single_image(img2, 1, empty2), empty2)
+
+    @staticmethod
+    def visual_keys(nv: int, empty2: torch.Tensor) -> torch.Tensor:
+        """[B, Nv] keys a query may attend to: all but the cells of an empty second image (GIC's pseudo pairs,
+        §2.4: "the padded vectors will not be involved in self-attention"); its [IMG2] token stays."""
+        keep = torch.ones(empty2.size(0), nv, dtype=torch.bool, device=empty2.device)
+        keep[:, nv // 2 + 1:] = ~empty2.bool().unsqueeze(1)
+        return keep
 
     def cross_modal(self, v: torch.Tensor, t: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         return self.cross(torch.cat([v, t], 1), mask)
@@ -321,10 +350,13 @@ class IDCPCL(CaptionModel):
         cls = torch.full_like(labels[:, :1], self.cls_id)
         return torch.cat([cls, labels], 1)
 
-    @staticmethod
-    def padding_mask(nv: int, text: torch.Tensor) -> torch.Tensor:
-        """Bidirectional attention over everything but the caption padding: [B, 1, 1, Nv + Nt]."""
-        keep = torch.cat([torch.ones(text.size(0), nv, dtype=torch.bool, device=text.device), text > 0], 1)
+    @classmethod
+    def padding_mask(cls, nv: int, text: torch.Tensor, empty2: torch.Tensor | None = None) -> torch.Tensor:
+        """Bidirectional attention over everything but the caption padding (and an empty image's cells):
+        [B, 1, 1, Nv + Nt]."""
+        vis = (torch.ones(text.size(0), nv, dtype=torch.bool, device=text.device) if empty2 is None
+               else cls.visual_keys(nv, empty2))
+        keep = torch.cat([vis, text > 0], 1)
         keep[:, nv] = True  # [CLS]
         return keep[:, None, None, :]
 
@@ -345,13 +377,25 @@ class IDCPCL(CaptionModel):
     # ----------------------------------------------------------------------------------- pre-training
     def pretraining_loss(self, batch: dict) -> tuple[torch.Tensor, dict]:
         task = TASKS[int(batch["task"])]
+        if task == "fgvc":
+            from pipeline.models.idc_pcl_fgvc import fgvc_loss
+
+            return fgvc_loss(self, self.fgvc, batch, self.fgvc_margin)
+        empty2 = batch.get("img2_empty")  # GIC pseudo pairs: (image, empty image), pipeline.cross_task
+        if empty2 is not None and bool(empty2.any()):
+            loss, parts = self.task_loss(batch, empty2)
+            return loss, {f"gic_{k}": v for k, v in parts.items()}
+        return self.task_loss(batch)
+
+    def task_loss(self, batch: dict, empty2: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+        task = TASKS[int(batch["task"])]
         img1, img2, text = batch["img1"], batch["img2"], self.trim(batch["text"].long())
         if task == "mlm":
-            v = self.visual(img1, img2)
+            v = self.visual(img1, img2, empty2)
             inp, tgt, masked = mask_tokens(text, self.mlm_prob, self.vocab_size, self.mask_id)
             t_in = self.text_input(inp)
             need = F.pad(masked, (v.size(1) + 1, 0))
-            out, valid = self.cross_select(v, self.embed_text(t_in), self.padding_mask(v.size(1), t_in), need)
+            out, valid = self.cross_select(v, self.embed_text(t_in), self.padding_mask(v.size(1), t_in, empty2), need)
             logits = self.word_logits(out[valid])
             loss = F.cross_entropy(logits.float(), tgt[masked])
             acc = (logits.argmax(-1) == tgt[masked]).float().mean()
@@ -360,25 +404,28 @@ class IDCPCL(CaptionModel):
             b, c, hh, ww = img1.shape
             n = hh * ww
             which, cells = mask_cells(b, n, self.mvcl_prob, img1.device)
+            if empty2 is not None:  # appendix A.3: only the real image of a pseudo pair is masked
+                which = which.masked_fill(empty2.bool(), 0)
             feats = torch.stack([img1, img2], 1).flatten(3).transpose(2, 3)  # [B, 2, HW, C]
             sel = F.one_hot(which, 2).bool().unsqueeze(2) & cells.unsqueeze(1)  # [B, 2, HW]
             masked_feats = feats.masked_fill(sel.unsqueeze(-1), 0.0).transpose(2, 3).reshape(b, 2, c, hh, ww)
-            v = self.visual(masked_feats[:, 0], masked_feats[:, 1])
+            v = self.visual(masked_feats[:, 0], masked_feats[:, 1], empty2)
             t_in = self.text_input(text)
             need = F.pad(F.pad(sel, (1, 0)).reshape(b, -1), (0, t_in.size(1)))  # the masked cells' tokens
-            out, valid = self.cross_select(v, self.embed_text(t_in), self.padding_mask(v.size(1), t_in), need)
+            out, valid = self.cross_select(v, self.embed_text(t_in), self.padding_mask(v.size(1), t_in, empty2), need)
             pred = self.feature_prediction(out[valid])
             own = feats[torch.arange(b), which]  # the masked images' original features [B, HW, C]
             loss = mvcl_nce(pred, feats[sel], own[~cells], self.nce_temp)
             return loss, {"mvcl": loss.item()}
         # fda: text [P, 1+K, L]
         p, k1, length = text.shape
-        v = self.visual(img1, img2)
+        v = self.visual(img1, img2, empty2)
         v = v.unsqueeze(1).expand(p, k1, *v.shape[1:]).reshape(p * k1, *v.shape[1:])
+        e2 = None if empty2 is None else empty2.repeat_interleave(k1)
         t_in = self.text_input(text.reshape(p * k1, length))
         need = torch.zeros(p * k1, v.size(1) + t_in.size(1), dtype=torch.bool, device=v.device)
         need[:, [0, v.size(1) // 2, v.size(1)]] = True  # [IMG1], [IMG2], [CLS]
-        out, _ = self.cross_select(v, self.embed_text(t_in), self.padding_mask(v.size(1), t_in), need)
+        out, _ = self.cross_select(v, self.embed_text(t_in), self.padding_mask(v.size(1), t_in, e2), need)
         vis = 0.5 * (out[:, 0] + out[:, 1])  # each caption against the visual vector of its own pass
         loss, acc = fda_loss(vis.view(p, k1, -1), out[:, 2].view(p, k1, -1), self.fda_temp)
         return loss, {"fda": loss.item(), "fda_acc": acc.item()}

@@ -351,3 +351,21 @@ def comparison(a: dict, b: dict, rng: np.random.Generator) -> str:
         k = shared[int(rng.integers(len(shared)))]
         sents.append(f"both have {_phrase(a, k, rng)} .")
     return " ".join(sents)
+
+
+# Universal POS tags of every word the bird worlds write (their captions feed IDC-PCL's FDA negatives, whose
+# Replace and Confuse need adjectives, nouns and noun phrases; stanza's models are not reachable offline).
+# "animal1"/"animal2" are nouns, so Confuse can swap them as the paper's example does.
+POS_LEXICON: dict[str, str] = {
+    **{c: "ADJ" for c in COLORS}, **{c: "ADJ" for c in BEAK_COLORS},
+    **{w: "ADJ" for w in ("small", "medium", "sized", "large", "larger", "smaller", "short", "long", "thick",
+                          "thin", "conical", "hooked", "forked", "plain", "barred", "spotted", "streaked",
+                          "identical", "same", "little")},
+    **{w: "NOUN" for w in ("bird", "animal1", "animal2", "animals", "crown", "breast", "back", "wings", "tail",
+                           "beak", "bill", "eye", "ring", "difference", "kind")},
+    "a": "DET", "an": "DET", "the": "DET", "this": "DET", "no": "DET", "both": "DET",
+    "there": "PRON", "'s": "PART", ",": "PUNCT", ".": "PUNCT",
+    "is": "AUX", "are": "AUX", "be": "AUX", "has": "VERB", "have": "VERB", "look": "VERB", "appear": "VERB",
+    "with": "ADP", "of": "ADP", "than": "ADP", "between": "ADP", "to": "PART",
+    "and": "CCONJ", "while": "SCONJ", "whereas": "SCONJ", "almost": "ADV", "very": "ADV",
+}
