@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import json
 import os
+import subprocess
+import sys
 
 import torch
 import torch.distributed as dist
@@ -57,6 +60,36 @@ def alone():
         yield
     finally:
         _alone = prev
+
+
+def requested(hparams: str | None) -> int:
+    """``train.devices`` of a stage's ``--hparams`` (1 when absent; a malformed text is the stage's to report)."""
+    try:
+        return int(json.loads(hparams or "{}").get("train", {}).get("devices", 1))
+    except (ValueError, TypeError, AttributeError):
+        return 1
+
+
+def relaunch(argv: list[str], n: int) -> int | None:
+    """Run ``python -m pipeline <argv>`` again as N processes under torchrun (``torch.distributed.run``, the
+    same interpreter), inside the caller's job; returns its exit status. None: nothing to do (N = 1, or this
+    process is one of the N already)."""
+    if n <= 1 or "WORLD_SIZE" in os.environ:
+        return None
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
+           "-m", "pipeline", *argv]
+    print(f"launching {n} processes: {' '.join(cmd)}", flush=True)
+    return subprocess.call(cmd)
+
+
+def process_threads(requested: int) -> int:
+    """Torch threads of each of the N processes: the job's ``--threads`` (0: every core) shared among them."""
+    n = int(os.environ.get("WORLD_SIZE", "1"))
+    if n == 1:
+        return requested
+    from pipeline.utils.seed import available_cores
+
+    return max(1, (requested or available_cores()) // n)
 
 
 def setup(device_name: str = "auto") -> torch.device:

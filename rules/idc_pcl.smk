@@ -48,9 +48,9 @@ rule pretrain_idc_pcl:
     params:
         hp=lambda w: as_json(idc_pcl_pretrain_cfg(w.dataset, w.name)),
         negatives=lambda w, input: f"--negatives {input.negatives}" if input.negatives else "",
-    threads: 1
+    threads: lambda w: devices(w.dataset, w.name)
     resources:
-        gpu=GPU_TOKEN,
+        gpu=lambda w: GPU_TOKEN * devices(w.dataset, w.name),
         mem_mb=8000,
     log:
         "logs/{dataset}/{name}/seed{seed}/pretrain.log",

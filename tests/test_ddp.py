@@ -29,12 +29,16 @@ from pipeline.engine import TrainConfig, train
 from pipeline.models.clip4idc import CLIP4IDCAdapt
 from pipeline.models.idc_pcl import IDCPCL, TASKS
 from pipeline.text import END
-from tests.test_learns import CLIP_SHAPE, IDC_PCL, VOCAB, build, triplets
+from pipeline.models import build_model
+from tests.test_learns import CLIP_SHAPE, IDC_PCL, VOCAB, build, method_hparams, triplets
 
 B, STEPS = 8, 4
 # Relative to the value (losses) or to the weight tensor's largest magnitude (weights): float32 reduction order.
 TOL = 1e-5  # losses; gradients: 10 TOL
-CASES = ["duda", "duda_aux", "scorer_cbr", "dirl_ccr", "idc_pcl", "idc_pcl_pretrain", "clip4idc", "clip4idc_adapt"]
+# idc_pcl_masked: the paper's fine-tuning (random [MASK]s over pairs and partners; config/paper.yaml), where the
+# default's `ft_targets: every` draws nothing.
+CASES = ["duda", "duda_aux", "scorer_cbr", "dirl_ccr", "idc_pcl", "idc_pcl_masked", "idc_pcl_pretrain", "clip4idc",
+         "clip4idc_adapt"]
 LR = {"clip4idc": 2e-3, "clip4idc_adapt": 2e-3}
 
 
@@ -42,6 +46,8 @@ def model_of(case: str):
     torch.manual_seed(0)
     if case == "idc_pcl_pretrain":
         return IDCPCL(vocab_size=len(VOCAB), feat_dim=32, **IDC_PCL)
+    if case == "idc_pcl_masked":
+        return build_model("idc_pcl", len(VOCAB), 32, {**method_hparams("idc_pcl"), "ft_targets": "masked"})
     if case == "clip4idc_adapt":
         return CLIP4IDCAdapt(text_vocab_size=len(VOCAB), eos_id=END, clip=CLIP_SHAPE, n_intra=1)
     return build(case)
@@ -118,9 +124,10 @@ def runs(tmp_path_factory):
     torch.set_num_threads(1)
     one = {c: fit(c, tmp / f"one_{c}") for c in CASES}
     work = [(c, c, str(tmp / f"two_{c}"), None, 1) for c in CASES]
-    # The resume check rides along: IDC-PCL fine-tuning draws masks, so the RNG state must be restored too.
-    work += [("whole", "idc_pcl", str(tmp / "whole"), None, 2), ("cut", "idc_pcl", str(tmp / "cut"), 2, 2),
-             ("resumed", "idc_pcl", str(tmp / "cut"), None, 2)]
+    # The resume check rides along: masked fine-tuning draws its masks, so the RNG state must be restored too.
+    work += [("whole", "idc_pcl_masked", str(tmp / "whole"), None, 2),
+             ("cut", "idc_pcl_masked", str(tmp / "cut"), 2, 2),
+             ("resumed", "idc_pcl_masked", str(tmp / "cut"), None, 2)]
     return one, in_two_processes(tmp, work)
 
 

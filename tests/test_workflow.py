@@ -482,3 +482,30 @@ def test_bird_datasets_official_offline_say_what_to_place_where(tmp_path):
     assert "place it at resources/raw/birds_to_words/official/data/birds-to-words-v1.0.tsv" in log
     _, log = _official_offline(tmp_path / "nabirds", "nabirds")
     assert "place it at resources/raw/nabirds/official/nabirds.tar.gz" in log and "dl.allaboutbirds.org" in log
+
+
+def test_train_devices_2_runs_two_processes_in_the_one_job_and_takes_the_one_process_steps(workdir, tmp_path):
+    """``train.devices: 2`` on a CPU: the train rule's job starts 2 gloo processes (torchrun) at batch 4 each;
+    rank 0 writes the outputs, and the logged losses are those of 1 process at batch 8 (dropout off in both
+    runs, rounding apart: pipeline.distributed), in a copy of the DAG's folder."""
+    wd = tmp_path / "wd"
+    shutil.copytree(workdir, wd, symlinks=True)
+    target = "results/clevr_change/duda/seed0/run.json"
+    losses = {}
+    for n in (1, 2):
+        cfg = yaml.safe_load(TEST_CONFIG.read_text())
+        cfg["methods"]["duda"]["model"]["dropout"] = 0.0
+        cfg["methods"]["duda"]["train"].update(devices=n, iterations=4)
+        path = tmp_path / f"devices{n}.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        smk(wd, target, config=path)
+        run = json.loads((wd / target).read_text())
+        assert run["devices"] == n and run["config"]["train"]["devices"] == n
+        log = (wd / "logs/clevr_change/duda/seed0/train.log").read_text()
+        assert ("launching 2 processes" in log) == (n == 2)
+        records = [json.loads(line) for line in (wd / "results/clevr_change/duda/seed0/train_log.jsonl").open()]
+        losses[n] = [r["loss"] for r in records if "loss" in r]
+        assert not (wd / "results/clevr_change/duda/seed0/resume.pt").exists()
+    assert len(losses[2]) == len(losses[1]) == 2
+    for a, b in zip(losses[2], losses[1]):
+        assert abs(a - b) <= 1e-5 * abs(b), (losses[2], losses[1])
