@@ -180,9 +180,17 @@ def draw(fn, shape, groups: int = 1) -> torch.Tensor:
 
 
 def _reduced(x: torch.Tensor, op=None) -> torch.Tensor:
-    x = x.detach().clone()
+    """The all-reduced copy of ``x`` (on the device NCCL needs: counts and flags are often made on the CPU)."""
+    home = x.device
+    x = x.detach().to(_comm_device(), copy=True)
     dist.all_reduce(x, op=op or dist.ReduceOp.SUM)
-    return x
+    return x.to(home)
+
+
+def _comm_device() -> torch.device:
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def mean_over(total: torch.Tensor, count: torch.Tensor, floor: float | None = None) -> torch.Tensor:

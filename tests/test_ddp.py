@@ -191,3 +191,18 @@ def test_shard_cuts_rows_and_keeps_scalars(monkeypatch):
     # groups: pairs then partners, each cut alike
     assert ddp.rows(torch.arange(8), groups=2).tolist() == [2, 3, 6, 7]
 
+
+
+def test_config_refuses_devices_that_do_not_divide_the_batch():
+    import yaml
+
+    from pipeline.config import validate
+    from pipeline.errors import PipelineError
+
+    cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "config" / "config.yaml").read_text())
+    batch = cfg["methods"]["duda"]["train"]["batch_size"]
+    cfg["methods"]["duda"]["train"]["devices"] = 2
+    validate(cfg)
+    cfg["methods"]["duda"]["train"]["devices"] = batch + 1
+    with pytest.raises(PipelineError, match=r"methods\.duda\.train.*not divisible by devices"):
+        validate(cfg)
