@@ -10,7 +10,7 @@ wrong split (the same rows in both processes, in-batch negatives of one shard on
 per-shard random masks) moves the losses by far more (``test_a_per_shard_objective_is_caught``).
 
 Resume: a 2-process run interrupted after 2 steps and restarted from its ``resume.pt`` ends with exactly the
-losses and weights of an uninterrupted 2-process run. Whole file: ~60 s on 2 cores.
+losses and weights of an uninterrupted 2-process run. Whole file: ~30 s (27 s measured, 1 thread per process).
 """
 
 from __future__ import annotations
