@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pipeline import distributed as ddp
 from pipeline.data import TrainBatches
 from pipeline.datasets.manifest import NO_CHANGE
 from pipeline.datasets.manifest import load as load_manifest
@@ -43,7 +44,7 @@ from pipeline.retrieval import retrieval_metrics
 from pipeline.text import END, Labels, Vocab
 from pipeline.train import parse_hparams
 from pipeline.utils.io import write_json
-from pipeline.utils.seed import pick_device, seed_everything, set_threads
+from pipeline.utils.seed import seed_everything, set_threads
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -145,9 +146,9 @@ def evaluate_retrieval(model, records: list[dict], labels: Labels, store, tokens
 def run(args: argparse.Namespace) -> None:
     from pipeline.models.clip4idc import CLIP4IDCAdapt
 
-    set_threads(args.threads)
+    set_threads(ddp.process_threads(args.threads))
     seed_everything(args.seed)
-    device = pick_device(args.device)
+    device = ddp.setup(args.device)  # launched by torchrun (train.devices > 1): one process of N
     model_hp, cfg = parse_hparams(args.hparams)
     model_hp = dict(model_hp)
     mode = model_hp.pop("text_tokens", "words")
@@ -194,6 +195,8 @@ def run(args: argparse.Namespace) -> None:
                     "vocab": len(vocab)}
         t0 = time.time()
         summary = train(model, batch, validate, cfg, run_dir, len(batches), device, identity, on_best, log)
+        if not ddp.is_main():  # rank 0 writes the outputs
+            return
         ck = load_checkpoint(run_dir / "checkpoint.pt")
         model.load_state_dict(ck["model"])
         model.to(device)
@@ -212,7 +215,7 @@ def run(args: argparse.Namespace) -> None:
             "selected_step": summary["best_step"], "val_rsum": summary["best_score"],
             "selection": "validation retrieval, R@1+R@5+R@10 both directions",
             "train_seconds": round(time.time() - t0, 1), "steps_per_s": round(summary["steps_per_s"], 3),
-            "device": device.type, "precision": resolved_precision(device, cfg.precision),
+            "device": device.type, "devices": ddp.world(), "precision": resolved_precision(device, cfg.precision),
             "config": json.loads(args.hparams), "text_tokens": mode,
             "n_train_items": len(batches), "pairing": batches.mode,
         })

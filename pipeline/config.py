@@ -30,7 +30,22 @@ def validate(config: dict, schema_path: str | Path = SCHEMA, source: str = "conf
                                     f"nor under pretraining")
             merged = {**config, section: {**config[section], name: run_config(config, dataset, name)}}
             _raise_first(validator, merged, f"{source}: datasets.{dataset}.overrides.{name} merged over {section}.{name}")
+    check_devices(config, source)
     return config
+
+
+def check_devices(config: dict, source: str = "config") -> None:
+    """``train.devices`` must divide ``train.batch_size`` (each process takes an equal share of every batch), on
+    every dataset (with its overrides): said before any job runs rather than when the run starts."""
+    for dataset in (config.get("datasets") or {}) or [None]:
+        for section in ("methods", "pretraining"):
+            for name in (config.get(section) or {}):
+                tr = (run_config(config, dataset, name) if dataset else config[section][name]).get("train", {})
+                n, b = tr.get("devices", 1), tr.get("batch_size", 1)
+                if b % n:
+                    on = f" on {dataset}" if dataset else ""
+                    raise PipelineError(f"{source}: {section}.{name}.train{on}: batch_size {b} is not divisible by "
+                                        f"devices {n} (each process takes batch_size / devices of every batch)")
 
 
 def _raise_first(validator, config: dict, source: str) -> None:

@@ -21,6 +21,11 @@ between the last validation and an interruption is not counted). The averages re
 which is when the resume state is saved, so a resumed run logs what an uninterrupted one would.
 ``TrainLog`` is that file: a fresh start empties it, a resumed session first cuts it back to the resumed step
 (the records an interrupted session logged after its last saved state are not repeated twice).
+
+Several processes (``train.devices: N``, ``pipeline.distributed``): each trains on its 1/N of every batch and
+the gradients are averaged, so N processes take the steps one process takes at the same batch size. Every
+process reads ``resume.pt`` when it starts; only rank 0 validates, logs and writes files, and the loss it logs
+is the mean over the processes (what one process would have logged).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
+from pipeline import distributed as ddp
 from pipeline.errors import PipelineError
 from pipeline.utils.io import atomic_path, remove_stale_temporaries
 
@@ -204,6 +210,10 @@ class TrainLog:
             tmp.write_text("".join(line + "\n" for line in lines[:keep]))
 
 
+def _quiet(rec: dict) -> None:
+    """The log of a process other than rank 0."""
+
+
 def train(model: torch.nn.Module, batch: Callable[[int], dict], validate: Callable, cfg: TrainConfig,
           run_dir: Path, n_train: int, device: torch.device, identity: dict,
           on_best: Callable[[dict], None] | None = None, log: Callable[[dict], None] = print,
@@ -214,6 +224,12 @@ def train(model: torch.nn.Module, batch: Callable[[int], dict], validate: Callab
     another configuration is ignored. ``on_best(extra)`` is called when validation improves (the caller
     stores what it wants, e.g. validation predictions). ``stop_after`` simulates an interruption (tests).
     """
+    main = ddp.is_main()
+    if cfg.batch_size % ddp.world():
+        raise PipelineError(f"train.batch_size {cfg.batch_size} is not divisible by train.devices = {ddp.world()}: "
+                            f"every process takes an equal share of each batch")
+    if not main:  # only rank 0 writes the log
+        log = _quiet
     run_dir.mkdir(parents=True, exist_ok=True)
     resume_path, best_path = run_dir / "resume.pt", run_dir / "checkpoint.pt"
     key = config_hash({"identity": identity, "resume_format": RESUME_FORMAT})
@@ -245,7 +261,7 @@ def train(model: torch.nn.Module, batch: Callable[[int], dict], validate: Callab
         if device.type == "cuda" and ck.get("cuda_rng") is not None:
             torch.cuda.set_rng_state(ck["cuda_rng"])
         state, best = ck["state"], ck["best"]
-        if best is not None:
+        if best is not None and main:
             # Snakemake deletes checkpoint.pt (a declared output) of an interrupted job; same bytes as before.
             save(best_path, best)
     del ck
@@ -261,29 +277,37 @@ def train(model: torch.nn.Module, batch: Callable[[int], dict], validate: Callab
     t0, step0 = time.time(), state["step"]
     elapsed0 = state.get("elapsed_s", 0.0)  # training seconds of earlier sessions (up to their last validation)
     means = LossMeans()
-    bar = tqdm(total=cfg.iterations, initial=state["step"], desc="train", unit="step", mininterval=5)
+    bar = tqdm(total=cfg.iterations, initial=state["step"], desc="train", unit="step", mininterval=5, disable=not main)
     while state["step"] < cfg.iterations:
         step = state["step"]
         model.train()
-        b = {k: v.to(device, non_blocking=True) for k, v in batch(step).items()}
+        b = {k: v.to(device, non_blocking=True) for k, v in ddp.shard(batch(step)).items()}
         with mixed:
             loss, parts = model.training_loss(b)
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        ddp.average_gradients(params)
         if cfg.grad_clip:
             torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
         opt.step()
         sched.step()
         state["step"] = step + 1
         bar.update(1)
-        loss_value = loss.item()
+        # The processes' mean: the one-process loss (pipeline.distributed); parts likewise.
+        avg = ddp.mean_scalars({**parts, "loss": loss.detach()})
+        loss_value = float(avg.pop("loss"))
+        parts = {k: avg[k] for k in parts}
         if not math.isfinite(loss_value):
             raise FloatingPointError(f"loss became {loss_value} at step {step}")
         means.add(loss_value, parts)
         if state["step"] % cfg.val_every == 0 or state["step"] == cfg.iterations:
             model.eval()
             train_means = means.means()
-            score, extra = validate(model)
+            score, extra = None, None
+            if main:
+                with ddp.alone():
+                    score, extra = validate(model)
+            score = ddp.broadcast(score)
             state["elapsed_s"] = elapsed0 + (time.time() - t0)
             rec = {"step": state["step"], **train_means, "lr": sched.get_last_lr()[0],
                    "val_score": score, "elapsed_s": round(state["elapsed_s"], 1)}
@@ -291,19 +315,22 @@ def train(model: torch.nn.Module, batch: Callable[[int], dict], validate: Callab
             log(rec)
             if score > state["best_score"]:
                 state["best_score"], state["best_step"] = score, state["step"]
-                # A copy on the CPU: training goes on changing the live tensors.
-                best = {"model": {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()},
-                        "step": state["step"], "score": score, "identity": identity}
-                save(best_path, best)
-                if on_best:
-                    on_best(extra)
-            save(resume_path, {"key": key, "model": model.state_dict(), "optimizer": opt.state_dict(),
-                               "scheduler": sched.state_dict(), "torch_rng": torch.get_rng_state(),
-                               "cuda_rng": torch.cuda.get_rng_state() if device.type == "cuda" else None,
-                               "state": state, "best": best})
+                if main:
+                    # A copy on the CPU: training goes on changing the live tensors.
+                    best = {"model": {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()},
+                            "step": state["step"], "score": score, "identity": identity}
+                    save(best_path, best)
+                    if on_best:
+                        on_best(extra)
+            if main:
+                save(resume_path, {"key": key, "model": model.state_dict(), "optimizer": opt.state_dict(),
+                                   "scheduler": sched.state_dict(), "torch_rng": torch.get_rng_state(),
+                                   "cuda_rng": torch.cuda.get_rng_state() if device.type == "cuda" else None,
+                                   "state": state, "best": best})
         if stop_after is not None and state["step"] >= stop_after:
             break
     bar.close()
+    ddp.barrier()  # the other processes end once rank 0 has written its files
     steps_done = state["step"] - step0
     return {"best_step": state["best_step"], "best_score": state["best_score"], "history": state["history"],
             "steps_per_s": steps_done / max(time.time() - t0, 1e-9), "finished": state["step"] >= cfg.iterations}

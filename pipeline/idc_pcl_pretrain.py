@@ -26,6 +26,7 @@ import h5py
 import numpy as np
 import torch
 
+from pipeline import distributed as ddp
 from pipeline.datasets.manifest import load as load_manifest
 from pipeline.engine import TrainLog, discard_resume_state, load_checkpoint, resolved_precision, train
 from pipeline.errors import PipelineError
@@ -34,7 +35,7 @@ from pipeline.models.idc_pcl import TASKS, IDCPCL
 from pipeline.text import Labels, Vocab
 from pipeline.train import parse_hparams
 from pipeline.utils.io import write_json
-from pipeline.utils.seed import pick_device, seed_everything, set_threads
+from pipeline.utils.seed import seed_everything, set_threads
 
 
 def task_cycle(ratios: dict[str, int]) -> list[str]:
@@ -147,9 +148,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> None:
     from pipeline import negatives as ng
 
-    set_threads(args.threads)
-    seed_everything(args.seed)
-    device = pick_device(args.device)
+    set_threads(ddp.process_threads(args.threads))
+    seed_everything(args.seed)  # the same in every process: their random draws stay in step
+    device = ddp.setup(args.device)  # launched by torchrun (train.devices > 1): one process of N
     try:
         hp = json.loads(args.hparams)
     except json.JSONDecodeError as e:
@@ -218,6 +219,8 @@ def run(args: argparse.Namespace) -> None:
         t0 = time.time()
         n_samples = len(train_b.pairs)
         summary = train(model, train_b.batch, validate, cfg, run_dir, n_samples, device, identity, log=log)
+        if not ddp.is_main():  # rank 0 writes the outputs
+            return
         ck = load_checkpoint(run_dir / "checkpoint.pt")
         ck.update({"method": "idc_pcl_pretrain", "name": args.name, "model_hparams": model_hp, "tasks": ratios,
                    "vocab_size": len(vocab), "feat_dim": store.shape[0]})
@@ -230,8 +233,8 @@ def run(args: argparse.Namespace) -> None:
             "fda_pairs_per_batch": getattr(train_b, "fda_pairs", None), "train_pairs": n_samples,
             "backbone": store.attrs.get("backbone"), "weights": store.attrs.get("weights"),
             "steps_per_s": round(summary["steps_per_s"], 3), "train_seconds": round(time.time() - t0, 1),
-            "device": device.type, "precision": resolved_precision(device, cfg.precision), "config": hp,
-            "history": summary["history"], "cross_task": expansion[2] if expansion else None,
+            "device": device.type, "devices": ddp.world(), "precision": resolved_precision(device, cfg.precision),
+            "config": hp, "history": summary["history"], "cross_task": expansion[2] if expansion else None,
         })
     discard_resume_state(run_dir)
     print(f"pretrain: {args.name} seed {args.seed}: {cfg.iterations} steps ({'/'.join(cycle)}), "

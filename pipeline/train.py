@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from pipeline import distributed as ddp
 from pipeline.data import TrainBatches, eval_batches
 from pipeline.datasets.manifest import load as load_manifest
 from pipeline.engine import (TrainConfig, TrainLog, autocast, discard_resume_state, load_checkpoint,
@@ -23,7 +24,7 @@ from pipeline.features.store import FeatureStore
 from pipeline.models import build_model
 from pipeline.text import Labels, Vocab
 from pipeline.utils.io import write_json
-from pipeline.utils.seed import pick_device, set_threads, seed_everything
+from pipeline.utils.seed import set_threads, seed_everything
 
 TRAIN_KEYS = {f for f in TrainConfig.__dataclass_fields__} - {"extra"}
 
@@ -71,9 +72,9 @@ def parse_hparams(text: str) -> tuple[dict, TrainConfig]:
 def run(args: argparse.Namespace) -> None:
     from pipeline.evaluate import score
 
-    set_threads(args.threads)
-    seed_everything(args.seed)
-    device = pick_device(args.device)
+    set_threads(ddp.process_threads(args.threads))
+    seed_everything(args.seed)  # the same in every process: their random draws stay in step
+    device = ddp.setup(args.device)  # launched by torchrun (train.devices > 1): one process of N
     model_hp, cfg = parse_hparams(args.hparams)
     run_dir = Path(args.run_dir)
     records = load_manifest(args.manifest)
@@ -119,6 +120,8 @@ def run(args: argparse.Namespace) -> None:
                     "features": dict(store.attrs), "n_train": len(batches), "vocab": len(vocab)}
         t0 = time.time()
         summary = train(model, batches.batch, validate, cfg, run_dir, len(batches), device, identity, on_best, log)
+        if not ddp.is_main():  # rank 0 writes the outputs
+            return
         if "val" not in best_preds:  # resumed after the best step: decode the selected checkpoint again
             ck = load_checkpoint(run_dir / "checkpoint.pt")
             model.load_state_dict(ck["model"])
@@ -134,7 +137,7 @@ def run(args: argparse.Namespace) -> None:
             **({"val_CIDEr": summary["best_score"]} if select_metric == "CIDEr" else
                {"val_CIDEr": None, f"val_{select_metric}": summary["best_score"]}),
             "selection": f"greedy decoding, validation {'CIDEr-D' if select_metric == 'CIDEr' else select_metric}", "train_seconds": round(time.time() - t0, 1),
-            "steps_per_s": round(summary["steps_per_s"], 3), "device": device.type,
+            "steps_per_s": round(summary["steps_per_s"], 3), "device": device.type, "devices": ddp.world(),
             "precision": resolved_precision(device, cfg.precision),
             "config": json.loads(args.hparams), "vocab_size": len(vocab), "n_train_items": len(batches),
             "pairing": batches.mode,

@@ -89,9 +89,9 @@ rule clip4idc_adapt:
         adapt=_alternatives(CLIP4IDC_ADAPT),
     params:
         hp=lambda w: as_json(run_cfg(w.dataset, w.adapt)),
-    threads: 1
+    threads: lambda w: devices(w.dataset, w.adapt)
     resources:
-        gpu=GPU_TOKEN,
+        gpu=lambda w: GPU_TOKEN * devices(w.dataset, w.adapt),
         mem_mb=12000,
     log:
         "logs/{dataset}/{adapt}/seed{seed}/adapt.log",

@@ -15,7 +15,10 @@ TRAINED = sorted(config["methods"])
 # card). On a CPU-only machine they take none, and the training jobs, one thread each (`threads: 1`; raise
 # with `--set-threads train=N`), run side by side: small CPU-sized models use two cores better as two jobs
 # than as two threads of one job.
-GPU_TOKEN = 1 if shutil.which("nvidia-smi") else 0
+# A cluster's submit node may have no GPU while its jobs run on GPU nodes: `gpu_jobs: true` (profiles/slurm).
+GPU_TOKEN = 1 if config.get("gpu_jobs", shutil.which("nvidia-smi") is not None) else 0
+# A training run with `train.devices: N` takes N tokens (N GPUs) there, and N threads (N processes of one thread
+# each) on a CPU.
 SANITY = ["most_frequent", "nearest_neighbour"]
 
 
@@ -54,6 +57,12 @@ def as_json(obj):
 def run_cfg(dataset, name):
     """A method's (or first-stage run's) block on ``dataset``: its per-dataset overrides merged in."""
     return run_config(config, dataset, name)
+
+
+def devices(dataset, name):
+    """`train.devices` of a training run (method, pre-training or adaptation): its number of processes, which the
+    stage starts itself under torchrun inside this one job (`pipeline.distributed.relaunch`)."""
+    return int(run_cfg(dataset, name)["train"].get("devices", 1))
 
 
 def method_backbone(dataset, method):

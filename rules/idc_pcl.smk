@@ -75,9 +75,9 @@ rule pretrain_idc_pcl:
         hp=lambda w: as_json(idc_pcl_pretrain_cfg(w.dataset, w.name)),
         negatives=lambda w, input: f"--negatives {input.negatives}" if input.negatives else "",
         cross=lambda w, input: idc_pcl_cross_task_arg(input),
-    threads: 1
+    threads: lambda w: devices(w.dataset, w.name)
     resources:
-        gpu=GPU_TOKEN,
+        gpu=lambda w: GPU_TOKEN * devices(w.dataset, w.name),
         mem_mb=8000,
     log:
         "logs/{dataset}/{name}/seed{seed}/pretrain.log",

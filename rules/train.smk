@@ -15,9 +15,9 @@ rule train:
     params:
         hp=lambda w: as_json(run_cfg(w.dataset, w.method)),
         init=lambda w, input: f"--init {input.init}" if input.init else "",
-    threads: 1
+    threads: lambda w: devices(w.dataset, w.method)
     resources:
-        gpu=GPU_TOKEN,
+        gpu=lambda w: GPU_TOKEN * devices(w.dataset, w.method),
         mem_mb=8000,
     log:
         "logs/{dataset}/{method}/seed{seed}/train.log",

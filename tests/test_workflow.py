@@ -535,3 +535,32 @@ def test_birds_to_words_table_through_the_expansion(workdir):
     steps = [r for r in log if "train_steps" in r]
     assert any("gic_mlm" in r for r in steps[:4]) and not any("gic_mlm" in r for r in steps[4:])
     assert any("fgvc_match" in r for r in steps[4:])
+
+
+def test_train_devices_2_runs_two_processes_in_the_one_job_and_takes_the_one_process_steps(workdir, tmp_path):
+    """``train.devices: 2`` on a CPU: the train rule's job starts 2 gloo processes (torchrun) at batch 4 each;
+    rank 0 writes the outputs, and the logged losses are those of 1 process at batch 8 (dropout off and fp32 in
+    both runs, rounding apart: pipeline.distributed), in a copy of the DAG's folder."""
+    wd = tmp_path / "wd"
+    shutil.copytree(workdir, wd, symlinks=True)
+    target = "results/clevr_change/duda/seed0/run.json"
+    losses = {}
+    for n in (1, 2):
+        cfg = yaml.safe_load(TEST_CONFIG.read_text())
+        cfg["methods"]["duda"]["model"]["dropout"] = 0.0
+        # fp32: under bf16 autocast (the default's `precision: fast` on a CPU with native bf16) the two runs agree
+        # to bf16 rounding only (1e-5 of the loss, measured)
+        cfg["methods"]["duda"]["train"].update(devices=n, iterations=4, precision="fp32")
+        path = tmp_path / f"devices{n}.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        smk(wd, target, config=path)
+        run = json.loads((wd / target).read_text())
+        assert run["devices"] == n and run["config"]["train"]["devices"] == n
+        log = (wd / "logs/clevr_change/duda/seed0/train.log").read_text()
+        assert ("launching 2 processes" in log) == (n == 2)
+        records = [json.loads(line) for line in (wd / "results/clevr_change/duda/seed0/train_log.jsonl").open()]
+        losses[n] = [r["loss"] for r in records if "loss" in r]
+        assert not (wd / "results/clevr_change/duda/seed0/resume.pt").exists()
+    assert len(losses[2]) == len(losses[1]) == 2
+    for a, b in zip(losses[2], losses[1]):
+        assert abs(a - b) <= 1e-5 * abs(b), (losses[2], losses[1])

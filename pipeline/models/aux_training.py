@@ -57,6 +57,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from pipeline import distributed as ddp
 from pipeline.errors import PipelineError
 from pipeline.models.common import CaptionModel
 from pipeline.models.tirg import TIRG
@@ -267,10 +268,18 @@ class AuxiliaryTraining(CaptionModel):
         need = self.n_candidates or (2 if self.hard_set(epoch) else 1)  # n, or the changed pairs themselves
         return rows, len(rows) >= need
 
+    @staticmethod
+    def whole(batch) -> dict:
+        """The retrieval task's inputs over the whole batch: candidate sets are drawn from all its pairs, and the
+        composition's batch normalisation sees all of them, when several processes share the batch
+        (``pipeline.distributed``; every process then computes the same auxiliary term)."""
+        return {k: ddp.gather(batch[k]) for k in ("before", "after", "labels", "changed") if k in batch}
+
     def primary_to_auxiliary(self, batch, epoch: int):
+        loss_pri, parts, probs, lengths = loss_and_distributions(self.primary, batch, batch["labels"].size(1) - 1)
+        batch, probs, lengths = self.whole(batch), ddp.gather(probs), ddp.gather(lengths)
         rows, posed = self.aux_rows(batch, epoch)
         a, b_img = batch["before"], batch["after"]
-        loss_pri, parts, probs, lengths = loss_and_distributions(self.primary, batch, batch["labels"].size(1) - 1)
         if not posed:
             return loss_pri, loss_pri.new_zeros(()), parts
         if rows is not None:  # plain pairs: the task is posed on the changed ones
@@ -294,9 +303,10 @@ class AuxiliaryTraining(CaptionModel):
         return one_hot + (omega - omega.detach())  # the bracket is exactly 0: one_hot is kept bit for bit
 
     def auxiliary_to_primary(self, batch, epoch: int):
+        local, batch = batch, self.whole(batch)
         rows, posed = self.aux_rows(batch, epoch)
         if not posed:
-            loss_pri, parts = self.primary.training_loss(batch)
+            loss_pri, parts = self.primary.training_loss(local)
             return loss_pri, loss_pri.new_zeros(()), parts
         a, b_img, labels = batch["before"], batch["after"], batch["labels"]
         if rows is not None:  # plain pairs: the task is posed on the changed ones
@@ -311,11 +321,11 @@ class AuxiliaryTraining(CaptionModel):
         omega = F.softmax(logits, 1)
         omega_b = omega[:, 0].mean().item()
         feed = omega_b >= self.b_hat_min_omega
-        after = batch["after"]
+        after = local["after"]
         if feed:  # Eq. 10 on feature maps; on plain pairs B̂ goes in the changed pairs' rows, the others stay
             b_hat = soft_select(self.selection_weights(omega), sets, a, b_img).to(b_img.dtype)
-            after = b_hat if rows is None else after.index_copy(0, rows, b_hat)
-        loss_pri, parts = self.primary.training_loss({**batch, "after": after})  # Eq. 11
+            after = ddp.rows(b_hat if rows is None else batch["after"].index_copy(0, rows, b_hat))  # this process's
+        loss_pri, parts = self.primary.training_loss({**local, "after": after})  # Eq. 11
         acc = (logits[:, :1] > logits[:, 1:]).all(1).float().mean()
         return loss_pri, l_aux, {**parts, "l_aux": l_aux.item(), "omega_b": omega_b, "b_hat_fed": int(feed),
                                  "aux_r1_gt": acc.item()}

@@ -71,6 +71,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from pipeline import distributed as ddp
 from pipeline.errors import PipelineError
 from pipeline.models.attention import MultiHeadAttention
 from pipeline.models.common import CaptionModel, ce_parts, group_slices, pair_groups, sequence_ce
@@ -626,8 +627,9 @@ class CLIP4IDCAdapt(nn.Module):
 
     def training_loss(self, batch):
         """Eq. 6-8 on the batch's changed pairs (before, after) and their change captions ``text``."""
-        v = self.pair_embedding(batch["before"], batch["after"])
-        g = self.text_embedding(batch["text"])
+        # In-batch negatives: the whole batch's embeddings when several processes share it.
+        v = ddp.gather(self.pair_embedding(batch["before"], batch["after"]))
+        g = ddp.gather(self.text_embedding(batch["text"]))
         logits = self.similarity(v, g)  # [texts, pairs]
         target = torch.arange(logits.size(0), device=logits.device)
         l_t2i = F.cross_entropy(logits, target)

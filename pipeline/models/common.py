@@ -8,6 +8,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from pipeline import distributed as ddp
+
 
 class CaptionModel(nn.Module, abc.ABC):
     """Interface the training engine and the decoder rely on.
@@ -41,10 +43,11 @@ class CaptionModel(nn.Module, abc.ABC):
 
 
 def sequence_ce(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over the non-padding target tokens (padding id 0); ``<END>`` is a target."""
+    """Mean cross-entropy over the non-padding target tokens (padding id 0); ``<END>`` is a target. With several
+    processes, over the tokens of the whole batch (``pipeline.distributed``)."""
     mask = targets > 0
     ce = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="none")
-    return (ce * mask.reshape(-1)).sum() / mask.sum().clamp(min=1)
+    return ddp.mean_over((ce * mask.reshape(-1)).sum(), mask.sum(), floor=1)
 
 
 def has_partners(batch: dict) -> bool:

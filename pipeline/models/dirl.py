@@ -47,6 +47,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from pipeline import distributed as ddp
 from pipeline.models.attention import CrossViewLayer, GridEmbedding
 from pipeline.models.common import CaptionModel, ce_parts, group_slices, pair_groups, pair_mean, sequence_ce
 from pipeline.models.dropout import Dropout
@@ -55,7 +56,9 @@ from pipeline.models.transformer_decoder import TransformerDecoder, masked_mean
 
 
 def channel_correlation(y_a: torch.Tensor, y_b: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """Eq. (3): C[i, j] = correlation over the rows (samples) of channel i of ``y_a`` and channel j of ``y_b``."""
+    """Eq. (3): C[i, j] = correlation over the rows (samples) of channel i of ``y_a`` and channel j of ``y_b``
+    (the whole batch's rows when several processes share it)."""
+    y_a, y_b = ddp.gather(y_a), ddp.gather(y_b)
     y_a = y_a.float() - y_a.float().mean(0)
     y_b = y_b.float() - y_b.float().mean(0)
     y_a = y_a / y_a.norm(dim=0).clamp(min=eps)
@@ -73,6 +76,7 @@ def decorrelation_loss(c: torch.Tensor, alpha: float = 0.003) -> torch.Tensor:
 
 def ccr_loss(words: torch.Tensor, attended: torch.Tensor, temperature: float = 0.5) -> torch.Tensor:
     """Eqs. (13)-(14): pooled word features [B, D] against pooled attended difference features [B, D]."""
+    words, attended = ddp.gather(words), ddp.gather(attended)  # in-batch negatives: the whole batch
     sim = words.float() @ attended.float().t() / temperature
     return info_nce_both_ways(sim)  # rows: text→visual (L_t2v); columns: visual→text (L_v2t)
 

@@ -23,6 +23,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from pipeline import distributed as ddp
 from pipeline.models.common import CaptionModel, ce_parts, group_slices, pair_groups, pair_mean, sequence_ce
 from pipeline.text import END, START
 
@@ -192,7 +193,7 @@ class DUDA(CaptionModel):
             l1 = l1 / att_bef[0, 0].numel()
         mask = (labels[:, 1:] > 0).float()
         entropy = -(alphas * torch.log(alphas + 1e-12)).sum(2)
-        entropy = (entropy * mask).sum() / mask.sum()
+        entropy = ddp.mean_over((entropy * mask).sum(), mask.sum())  # over the whole batch's tokens
         loss = pair_mean(ces) + self.l1_weight * l1 - self.entropy_weight * entropy
         return loss, {**ce_parts(ces), "att_l1": l1.item(), "dyn_entropy": entropy.item()}
 

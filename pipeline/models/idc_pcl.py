@@ -70,6 +70,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from pipeline import distributed as ddp
 from pipeline.models.common import CaptionModel, has_partners, pair_groups
 from pipeline.models.dropout import attention as shared_attention
 from pipeline.models.dropout import dropout as shared_dropout
@@ -189,20 +190,23 @@ def needed_rows(need: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return rows, valid
 
 
-def mask_tokens(labels: torch.Tensor, prob: float, vocab_size: int, mask_id: int):
+def mask_tokens(labels: torch.Tensor, prob: float, vocab_size: int, mask_id: int, groups: int = 1):
     """BERT masking of caption tokens (words and <END>; never <START> or padding), at least one per caption.
 
     Returns (inputs, targets, masked): targets are the original ids at masked positions and -100 elsewhere.
+    The draws are the whole batch's (``pipeline.distributed.draw``; ``groups``: stacked blocks of the batch).
     """
+    dev = labels.device
+    rand = lambda s: torch.rand(s, device=dev)  # noqa: E731
     cand = (labels > 0) & (labels != START)
-    masked = (torch.rand(labels.shape, device=labels.device) < prob) & cand
+    masked = (ddp.draw(rand, labels.shape, groups) < prob) & cand
     none = ~masked.any(1) & cand.any(1)
-    if none.any():  # pick one candidate uniformly in captions where the draw masked nothing
-        score = torch.rand(labels.shape, device=labels.device).masked_fill(~cand, -1.0)
+    if ddp.any(none):  # pick one candidate uniformly in captions where the draw masked nothing
+        score = ddp.draw(rand, labels.shape, groups).masked_fill(~cand, -1.0)
         one = F.one_hot(score.argmax(1), labels.size(1)).bool()
         masked |= one & none.unsqueeze(1)
-    u = torch.rand(labels.shape, device=labels.device)
-    rand_words = torch.randint(FIRST_WORD, vocab_size, labels.shape, device=labels.device)
+    u = ddp.draw(rand, labels.shape, groups)
+    rand_words = ddp.draw(lambda s: torch.randint(FIRST_WORD, vocab_size, s, device=dev), labels.shape, groups)
     inputs = torch.where(masked & (u < 0.8), torch.full_like(labels, mask_id), labels)
     inputs = torch.where(masked & (u >= 0.8) & (u < 0.9), rand_words, inputs)
     targets = labels.masked_fill(~masked, -100)
@@ -211,11 +215,11 @@ def mask_tokens(labels: torch.Tensor, prob: float, vocab_size: int, mask_id: int
 
 def mask_cells(b: int, n: int, prob: float, device) -> tuple[torch.Tensor, torch.Tensor]:
     """MVCL masking: which image (0/1) of each sample, and a [B, n] mask with ≥ 1 cell per sample."""
-    which = torch.randint(0, 2, (b,), device=device)
-    cells = torch.rand(b, n, device=device) < prob
+    which = ddp.draw(lambda s: torch.randint(0, 2, s, device=device), (b,))  # the whole batch's draws
+    cells = ddp.draw(lambda s: torch.rand(s, device=device), (b, n)) < prob
     none = ~cells.any(1)
-    if none.any():
-        pick = torch.randint(0, n, (b,), device=device)
+    if ddp.any(none):
+        pick = ddp.draw(lambda s: torch.randint(0, n, s, device=device), (b,))
         cells |= F.one_hot(pick, n).bool() & none.unsqueeze(1)
     return which, cells
 
@@ -225,7 +229,7 @@ def mvcl_nce(pred: torch.Tensor, target: torch.Tensor, negatives: torch.Tensor, 
     p, t, n = F.normalize(pred.float(), dim=-1), F.normalize(target.float(), dim=-1), F.normalize(negatives.float(), dim=-1)
     pos = (p * t).sum(-1, keepdim=True) / tau
     logits = torch.cat([pos, p @ n.t() / tau], 1)
-    return (torch.logsumexp(logits, 1) - pos.squeeze(1)).mean()
+    return ddp.mean(torch.logsumexp(logits, 1) - pos.squeeze(1))  # over the whole batch's masked cells
 
 
 def fda_loss(visual: torch.Tensor, text: torch.Tensor, tau: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -343,7 +347,7 @@ class IDCPCL(CaptionModel):
     @staticmethod
     def trim(labels: torch.Tensor) -> torch.Tensor:
         """Drop the padding columns that no caption of the batch uses (captions are left-aligned)."""
-        n = int((labels > 0).sum(-1).max())
+        n = ddp.max_int(int((labels > 0).sum(-1).max()))  # the whole batch's longest caption
         return labels[..., :max(n, 1)]
 
     def text_input(self, labels: torch.Tensor) -> torch.Tensor:
@@ -397,7 +401,7 @@ class IDCPCL(CaptionModel):
             need = F.pad(masked, (v.size(1) + 1, 0))
             out, valid = self.cross_select(v, self.embed_text(t_in), self.padding_mask(v.size(1), t_in, empty2), need)
             logits = self.word_logits(out[valid])
-            loss = F.cross_entropy(logits.float(), tgt[masked])
+            loss = ddp.cross_entropy(logits.float(), tgt[masked])
             acc = (logits.argmax(-1) == tgt[masked]).float().mean()
             return loss, {"mlm": loss.item(), "mlm_acc": acc.item()}
         if task == "mvcl":
@@ -415,7 +419,8 @@ class IDCPCL(CaptionModel):
             out, valid = self.cross_select(v, self.embed_text(t_in), self.padding_mask(v.size(1), t_in, empty2), need)
             pred = self.feature_prediction(out[valid])
             own = feats[torch.arange(b), which]  # the masked images' original features [B, HW, C]
-            loss = mvcl_nce(pred, feats[sel], own[~cells], self.nce_temp)
+            # The negatives are the unmasked cells of the whole batch's masked images.
+            loss = mvcl_nce(pred, feats[sel], ddp.gather(own)[~ddp.gather(cells)], self.nce_temp)
             return loss, {"mvcl": loss.item()}
         # fda: text [P, 1+K, L]
         p, k1, length = text.shape
@@ -445,21 +450,21 @@ class IDCPCL(CaptionModel):
         if self.ft_targets == "every":
             t, tgt, masked, mask = self.every_word_input(labels, nv)
         else:
-            inp, tgt, masked = mask_tokens(labels, self.ft_mask_prob, self.vocab_size, self.mask_id)
+            inp, tgt, masked = mask_tokens(labels, self.ft_mask_prob, self.vocab_size, self.mask_id, len(afters))
             t_in = self.text_input(inp)
             t, mask = self.embed_text(t_in), self.seq2seq_mask(nv, t_in.size(1), v.device)
         need = F.pad(masked, (nv + t.size(1) - masked.size(1), 0))
         need[:, [0, nv // 2]] = True  # [IMG1], [IMG2]: always the first two needed positions
         out, valid = self.cross_select(v, t, mask, need)
         logits = self.word_logits(out[:, 2:][valid[:, 2:]])
-        ce = F.cross_entropy(logits.float(), tgt[masked])
+        ce = ddp.cross_entropy(logits.float(), tgt[masked])
         parts = {"mlm": ce.item()}
         loss = ce
         if has_partners(batch):  # each pair is changed (1), each partner a distractor (0)
             target = torch.cat([torch.ones(b), torch.zeros(b)]).long()
         else:  # plain pairs: a no_change pair is the distractor; a batch of one kind has nothing to judge
             target = batch["changed"].long().cpu()
-        if self.distractor_judging and 0 < int(target.sum()) < len(target):
+        if self.distractor_judging and 0 < ddp.sum_int(int(target.sum())) < ddp.sum_int(len(target)):
             judged = self.judge(torch.cat([out[:, 0], out[:, 1]], 1)).float()
             target = target.to(judged.device)
             dj = F.cross_entropy(judged, target)

@@ -44,6 +44,7 @@ import math
 import torch
 import torch.nn as nn
 
+from pipeline import distributed as ddp
 from pipeline.models.attention import CrossViewLayer, GridEmbedding, MultiHeadAttention
 from pipeline.models.common import CaptionModel, ce_parts, group_slices, pair_groups, pair_mean, sequence_ce
 from pipeline.models.dropout import Dropout
@@ -61,6 +62,8 @@ def _scale(logit_scale: nn.Parameter) -> torch.Tensor:
 def view_invariance_loss(q_bef, k_bef, q_aft, k_aft, logit_scale, chunk_elements=None, per_head=True) -> torch.Tensor:
     """Eq. (4): InfoNCE over the batch on MTM(before→after) and MTM(after→before). Inputs per head [B, h, N, d]:
     the queries and keys of the before and after tokens (the last cross-view layer's projections)."""
+    # In-batch negatives: the whole batch's rows when several processes share it (pipeline.distributed).
+    q_bef, k_bef, q_aft, k_aft = map(ddp.gather, (q_bef, k_bef, q_aft, k_aft))
     s_ba = logit_scale * multihead_token_matching(q_bef, k_aft, chunk_elements, per_head)
     s_ab = logit_scale * multihead_token_matching(q_aft, k_bef, chunk_elements, per_head)
     return info_nce_both_ways(s_ba, s_ab)
@@ -90,7 +93,8 @@ class CBR(nn.Module):
     def forward(self, bef, sentence, aft, chunk_elements=None) -> torch.Tensor:
         h = self.hallucinate(bef, sentence)
         split = lambda x: x.view(x.size(0), x.size(1), self.heads, -1).transpose(1, 2)
-        sim = _scale(self.logit_scale) * multihead_token_matching(split(self.query(h)), split(self.key(aft)),
+        q, k = ddp.gather(self.query(h)), ddp.gather(self.key(aft))  # in-batch negatives: the whole batch
+        sim = _scale(self.logit_scale) * multihead_token_matching(split(q), split(k),
                                                                   chunk_elements, self.per_head)
         return info_nce_both_ways(sim)  # Eq. (11): hallucination→after rows and after→hallucination columns
 
