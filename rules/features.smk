@@ -8,7 +8,9 @@ rule extract_features:
     params:
         root=lambda w: raw_root(w.dataset),
         cfg=lambda w: sorted_cfg(config["features"][w.backbone]),
-    threads: workflow.cores
+    # All the machine's cores: Snakemake scales a rule's threads down to --cores. A constant, not workflow.cores,
+    # which is undefined (an error) where no --cores is given: `snakemake --report`, cluster profiles.
+    threads: 64
     resources:
         gpu=GPU_TOKEN,
         mem_mb=8000,
