@@ -26,6 +26,7 @@ birds (and a similarity or two), or their likeness when they are of one species.
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 
 import numpy as np
@@ -147,6 +148,18 @@ def background(rng: np.random.Generator, w: int, h: int) -> np.ndarray:
     img = a + (b - a) * noise[..., None]
     img += rng.normal(0, 3, (h, w, 1)).astype(np.float32)
     return np.clip(img, 0, 255).astype(np.uint8)
+
+
+def plumage(species: dict, female: bool) -> dict:
+    """The attributes a photo of ``species`` shows: its second plumage where ``female``."""
+    return species["female"] if female else species["attrs"]
+
+
+def photo(seed: int, index: int, attrs: dict, w: int) -> tuple[np.ndarray, tuple[int, int, int, int], str]:
+    """Photo ``index`` of a world drawn with ``seed``, ``w`` x 3w/4: (RGB, bird bounding box, sha256 of the pixels).
+    Each photo has its own random stream, so a world renders in any order, in parallel and resumably."""
+    rgb, bbox = draw_bird(attrs, np.random.default_rng([seed, index]), w, w * 3 // 4)
+    return rgb, bbox, hashlib.sha256(rgb.tobytes()).hexdigest()
 
 
 def draw_bird(attrs: dict, rng: np.random.Generator, w: int, h: int) -> tuple[np.ndarray, tuple[int, int, int, int]]:

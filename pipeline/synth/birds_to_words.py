@@ -116,8 +116,7 @@ def plan(seed: int, n_pairs: int, fractions: tuple) -> dict:
 
 
 def photo_attrs(tax: dict, photo: dict) -> dict:
-    sp = tax["species"][photo["species"]]
-    return sp["female"] if photo["female"] else sp["attrs"]
+    return birds.plumage(tax["species"][photo["species"]], photo["female"])
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -133,13 +132,12 @@ def run(args: argparse.Namespace) -> None:
 def _work(task) -> int:
     partial, index, params = task
     partial = Path(partial)
-    w = params["image_size"]
-    photo = plan(params["seed"], params["n_pairs"], tuple(params["split_fractions"]))["photos"][index]
-    rgb, bbox = birds.draw_bird(photo_attrs(birds.taxonomy(params["seed"]), photo),
-                                np.random.default_rng([params["seed"], index]), w, w * 3 // 4)
+    seed = params["seed"]
+    photo = plan(seed, params["n_pairs"], tuple(params["split_fractions"]))["photos"][index]
+    rgb, bbox, sha = birds.photo(seed, index, photo_attrs(birds.taxonomy(seed), photo), params["image_size"])
     save_image(partial / "data" / release.IMAGES / photo["file"], rgb)
-    write_json(meta_path(partial, index), {"index": index, "file": photo["file"], "bbox": bbox,
-                                           "pixel_sha256": hashlib.sha256(rgb.tobytes()).hexdigest()}, indent=None)
+    write_json(meta_path(partial, index), {"index": index, "file": photo["file"], "bbox": bbox, "pixel_sha256": sha},
+               indent=None)
     return index
 
 

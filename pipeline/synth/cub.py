@@ -106,14 +106,14 @@ def _work(task) -> int:
     pl = plan(seed, params["n_images"], params["n_species"])
     image = pl["images"][index - 1]
     sp = birds.taxonomy(seed)["species"][pl["classes"][image["class"]]["species"]]
-    attrs = sp["female"] if image["female"] else sp["attrs"]
-    rgb, bbox = birds.draw_bird(attrs, np.random.default_rng([seed, index]), w, w * 3 // 4)
+    attrs = birds.plumage(sp, image["female"])
+    rgb, bbox, sha = birds.photo(seed, index, attrs, w)
     data = partial / "data"
     save_image(data / release.CUB / "images" / image["rel"], rgb)
     with atomic_path(data / release.REED / release.TEXT / Path(image["rel"]).with_suffix(".txt"), sweep=False) as tmp:
         tmp.write_bytes(_caption_lines(seed, image, attrs).encode("utf-8"))
-    write_json(meta_path(partial, index), {"index": index, "rel": image["rel"], "bbox": bbox,
-                                           "pixel_sha256": hashlib.sha256(rgb.tobytes()).hexdigest()}, indent=None)
+    write_json(meta_path(partial, index), {"index": index, "rel": image["rel"], "bbox": bbox, "pixel_sha256": sha},
+               indent=None)
     return index
 
 

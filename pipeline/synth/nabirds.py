@@ -96,12 +96,10 @@ def _work(task) -> int:
     image = pl["images"][index]
     leaf = pl["leaves"][image["leaf"]]
     sp = birds.taxonomy(seed)["species"][leaf["species"]]
-    rgb, bbox = birds.draw_bird(sp["female"] if leaf["female"] else sp["attrs"],
-                                np.random.default_rng([seed, index]), w, w * 3 // 4)
+    rgb, bbox, sha = birds.photo(seed, index, birds.plumage(sp, leaf["female"]), w)
     save_image(partial / "data" / release.IMAGES / image["rel"], rgb)
     write_json(meta_path(partial, index), {"index": index, "rel": image["rel"], "bbox": bbox,
-                                           "size": [w, w * 3 // 4],
-                                           "pixel_sha256": hashlib.sha256(rgb.tobytes()).hexdigest()}, indent=None)
+                                           "size": [w, w * 3 // 4], "pixel_sha256": sha}, indent=None)
     return index
 
 
