@@ -171,7 +171,8 @@ def open_expansion(spec: dict, inputs: dict, vocab, max_words: int, batch_size: 
                    negatives_for_split):
     """The GIC and FGVC batch sources of a run's ``cross_task`` block (``spec``: ``gic_steps``, ``mix``) from
     the input files (``inputs``: ``{"gic": {"manifest", "features", "negatives"}, "fgvc": {"manifest",
-    "features"}}``). Returns (make(pair_batches, split) -> ExpansionBatches, model hparams to add, summary)."""
+    "features"}}``). Returns (make(pair_batches, split) -> ExpansionBatches, model hparams to add, summary, the
+    feature stores it opened, for the caller to close)."""
     from pipeline.datasets.manifest import load as load_manifest
     from pipeline.features.store import FeatureStore
     from pipeline.idc_pcl_pretrain import PretrainBatches
