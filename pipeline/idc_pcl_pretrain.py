@@ -188,6 +188,7 @@ def run(args: argparse.Namespace) -> None:
 
     with FeatureStore(args.features) as store:
         model = IDCPCL(vocab_size=len(vocab), feat_dim=store.shape[0], **model_hp)
+        model.fit_input_stats(store, [k for r in splits["train"] for k in (r["before"], r["after"])])
         train_b = PretrainBatches(splits["train"], labels, store, vocab, max_words, negs["train"], cfg.batch_size,
                                   args.seed, ratios)
         val_b = PretrainBatches(splits["val"], labels, store, vocab, max_words, negs["val"], cfg.batch_size,

@@ -99,6 +99,8 @@ def run(args: argparse.Namespace) -> None:
             except ValueError as e:
                 raise PipelineError(f"--init {args.init}: {e}") from None
             print(f"train: initialised {len(copied)} tensors from {args.init}", flush=True)
+        elif hasattr(model, "fit_input_stats"):  # input statistics of the training images (a model's own hook)
+            model.fit_input_stats(store, [k for r in train_recs for k in (r["before"], r["after"])])
         batches = TrainBatches(train_recs, labels, store, cfg.batch_size, args.seed,
                                cfg.extra.get("distractor_swap", 0.5))
         best_preds: dict = {}

@@ -551,3 +551,149 @@ def test_plain_pairs_judge_changed_against_no_change_pairs():
     assert parts["dj"] == pytest.approx(want.item(), abs=1e-6)
     _, parts = m.training_loss({**plain, "changed": torch.ones(4, dtype=torch.bool)})
     assert "dj" not in parts and "mlm" in parts
+
+
+# ------------------------------------------------------------- feature standardisation, learned positions
+class _Store:
+    """The part of ``FeatureStore`` that ``fit_input_stats`` reads."""
+
+    def __init__(self, table: dict):
+        self.table = table
+
+    def get_many(self, keys):
+        return np.stack([self.table[k] for k in keys]).astype(np.float32)
+
+
+def _table(n=40, seed=0, scale=None, shift=None):
+    rng = np.random.default_rng(seed)
+    x = rng.gamma(2.0, 1.0, size=(n, 12, 3, 2))  # positive, skewed, like post-ReLU features
+    if scale is not None:
+        x = x * scale[None, :, None, None] + shift[None, :, None, None]
+    return {f"img{i:03d}": x[i] for i in range(n)}
+
+
+def test_fit_input_stats_gives_each_channels_mean_and_std_over_images_and_cells():
+    m = tiny(feature_norm="standardize")
+    table = _table()
+    assert m.fit_input_stats(_Store(table), list(table) + list(table)[:5]) == 40  # duplicates read once
+    x = np.stack(list(table.values()))  # [n, C, H, W]
+    want_mean = x.mean((0, 2, 3))
+    want_std = x.std((0, 2, 3))
+    assert np.allclose(m.feat_mean.numpy(), want_mean, rtol=1e-5)
+    assert np.allclose(m.feat_std.numpy(), want_std, rtol=1e-5)
+    z = m.standardized(torch.from_numpy(x).float())
+    assert torch.allclose(z.mean((0, 2, 3)), torch.zeros(12), atol=1e-5)
+    assert torch.allclose(z.std((0, 2, 3), unbiased=False), torch.ones(12), atol=1e-4)
+    # at most max_images, spread over the sorted keys
+    assert m.fit_input_stats(_Store(table), list(table), max_images=8) == 8
+
+
+def test_standardised_inputs_make_the_model_blind_to_a_per_channel_rescaling_of_the_features():
+    """Channel c scaled by a_c > 0 and shifted by b_c, the statistics refitted: the same embedded tokens. A
+    standardisation over the wrong axis (cells, or all channels at once) fails this."""
+    rng = np.random.default_rng(1)
+    a, b = rng.uniform(0.1, 10.0, 12), rng.uniform(-5.0, 5.0, 12)
+    plain, moved = _table(), _table(scale=a, shift=b)
+    torch.manual_seed(0)
+    m1 = tiny(feature_norm="standardize").eval()
+    m2 = tiny(feature_norm="standardize").eval()
+    m2.load_state_dict(m1.state_dict())
+    m1.fit_input_stats(_Store(plain), plain)
+    m2.fit_input_stats(_Store(moved), moved)
+    keys = list(plain)[:4]
+    e1 = m1.embed_image(torch.from_numpy(_Store(plain).get_many(keys)), 0)
+    e2 = m2.embed_image(torch.from_numpy(_Store(moved).get_many(keys)), 0)
+    assert torch.allclose(e1, e2, atol=1e-4)
+    m0 = tiny().eval()  # without standardisation the rescaling shows
+    m0.load_state_dict(m1.state_dict(), strict=False)
+    assert not torch.allclose(m0.embed_image(torch.from_numpy(_Store(plain).get_many(keys)), 0),
+                              m0.embed_image(torch.from_numpy(_Store(moved).get_many(keys)), 0), atol=1e-2)
+
+
+def test_without_standardisation_there_are_no_statistics_and_inputs_pass_unchanged():
+    m = tiny()
+    assert "feat_mean" not in m.state_dict() and m.fit_input_stats(_Store(_table()), ["img000"]) == 0
+    x = torch.randn(2, 12, 3, 2)
+    assert m.standardized(x) is x
+    with pytest.raises(ValueError, match="feature_norm"):
+        tiny(feature_norm="whiten")
+
+
+def test_mvcl_masks_cells_to_the_channel_means_and_scores_in_standardised_space(monkeypatch):
+    torch.manual_seed(0)
+    m = tiny(feature_norm="standardize").eval()
+    table = _table()
+    m.fit_input_stats(_Store(table), table)
+    batch = pt_batch("mvcl", b=2)
+    which = torch.tensor([0, 1])
+    cells = torch.zeros(2, 6, dtype=torch.bool)
+    cells[0, 3] = cells[1, 1] = True
+    monkeypatch.setattr(M, "mask_cells", lambda b, n, p, device: (which, cells))
+    got, seen = {}, {}
+    orig = m.visual
+
+    def spy(a, b, *empty):
+        got["a"], got["b"] = a.clone(), b.clone()
+        return orig(a, b, *empty)
+
+    def capture(pred, target, negatives, tau):
+        seen.update(target=target)
+        return mvcl_nce(pred, target, negatives, tau)
+
+    monkeypatch.setattr(m, "visual", spy)
+    monkeypatch.setattr(M, "mvcl_nce", capture)
+    m.pretraining_loss(batch)
+    a, b = got["a"].flatten(2), got["b"].flatten(2)
+    assert torch.equal(a[0, :, 3], m.feat_mean) and torch.equal(b[1, :, 1], m.feat_mean)  # 0 once standardised
+    assert torch.equal(a[0, :, 2], batch["img1"].flatten(2)[0, :, 2])  # the other cells untouched
+    f1 = m.standardized(batch["img1"]).flatten(2).transpose(1, 2)
+    f2 = m.standardized(batch["img2"]).flatten(2).transpose(1, 2)
+    assert torch.allclose(seen["target"], torch.stack([f1[0, 3], f2[1, 1]]))
+
+
+def test_learned_image_positions_are_row_plus_column_vectors_that_training_reaches():
+    torch.manual_seed(0)
+    m = tiny(img_positions="learned", dropout=0.1)
+    assert "img_row.weight" in dict(m.named_parameters()) and "img_row.weight" not in dict(tiny().named_parameters())
+    assert {"img_row.weight", "img_col.weight"} <= _grads(m, ft_batch(3))
+    m.eval()
+    x = torch.zeros(1, 12, 3, 2)
+    e = m.img_proj(x.flatten(2).transpose(1, 2)).sigmoid()[0]  # the same content in every cell
+    want = e + (m.img_row.weight[:3, None] + m.img_col.weight[None, :2]).reshape(6, -1) + m.type_emb.weight[0]
+    assert torch.allclose(m.embed_image(x, 0)[0, 1:], m.ln_img(want), atol=1e-6)
+    with pytest.raises(ValueError, match="grids up to"):
+        m.embed_image(torch.zeros(1, 12, M.MAX_GRID + 1, 1), 0)
+    with pytest.raises(ValueError, match="img_positions"):
+        tiny(img_positions="sinusoid")
+
+
+def test_stages_fit_the_statistics_on_the_training_images_and_fine_tuning_inherits_them(tmp_path):
+    """`feature_norm: standardize`: pre-training fits the statistics on its training pairs' images; fine-tuning
+    from it keeps them (init_from); fine-tuning from scratch fits them itself (``pipeline.train``)."""
+    from pipeline import idc_pcl_pretrain as stage
+    from pipeline import train as train_stage
+    from pipeline.features.store import FeatureStore
+
+    recs = write_tiny_dataset(tmp_path)
+    model = {"hidden": 16, "heads": 2, "ff": 32, "layers": 1, "dropout": 0.1, "feature_norm": "standardize",
+             "img_positions": "learned"}
+    hp = {"model": model, "tasks": {"mlm": 8, "mvcl": 1, "fda": 2},
+          "train": {"iterations": 3, "batch_size": 8, "lr": 1e-3, "val_every": 3, "warmup_steps": 1, "noam": True}}
+    common = dict(dataset="clevr_change", seed=0, manifest=str(tmp_path / "manifest.jsonl"),
+                  text_dir=str(tmp_path / "text"), features=str(tmp_path / "feats.h5"), device="cpu", threads=1)
+    stage.run(argparse.Namespace(name="idc_pcl_pretrain", hparams=json.dumps(hp), negatives=str(tmp_path / "negatives.jsonl"),
+                                 run_dir=str(tmp_path / "pt"), val_batches=1, **common))
+    train_keys = sorted({k for r in recs if r["split"] == "train" for k in (r["before"], r["after"])})
+    with FeatureStore(tmp_path / "feats.h5") as store:
+        x = store.get_many(train_keys).astype(np.float64)
+    want = torch.from_numpy(x.mean((0, 2, 3))).float()
+    pt = torch.load(tmp_path / "pt" / "checkpoint.pt", weights_only=False)["model"]
+    assert torch.allclose(pt["feat_mean"], want, atol=1e-5)
+    assert torch.allclose(pt["feat_std"], torch.from_numpy(x.std((0, 2, 3))).float(), atol=1e-5)
+    ft_hp = json.dumps({"model": {**model, "ft_targets": "every"},
+                        "train": {"iterations": 2, "batch_size": 4, "lr": 1e-3, "val_every": 2, "max_decode_len": 6}})
+    for name, init in (("from_pt", str(tmp_path / "pt" / "checkpoint.pt")), ("scratch", None)):
+        train_stage.run(argparse.Namespace(method="idc_pcl", hparams=ft_hp, run_dir=str(tmp_path / name), init=init,
+                                           **common))
+        ft = torch.load(tmp_path / name / "checkpoint.pt", weights_only=False)["model"]
+        assert torch.equal(ft["feat_mean"], pt["feat_mean"]) and torch.equal(ft["feat_std"], pt["feat_std"]), name
