@@ -90,6 +90,10 @@ def check_references(config: dict, source: str = "config") -> None:
             if pn.lookup(dataset, "total", m) is None:
                 raise PipelineError(f"{source}: tables.{t}.paper_only: no paper row of {m!r} for dataset {dataset!r} "
                                     "in pipeline/paper_numbers.py")
+        for pair in block.get("contrasts", []):
+            for m in pair:
+                if m not in block.get("methods", []):
+                    raise PipelineError(f"{source}: tables.{t}.contrasts: {m!r} is not one of tables.{t}.methods")
 
 
 def merge(base: dict, over: dict) -> dict:

@@ -6,13 +6,14 @@ Two figures, each written atomically as a PNG:
   per stage (the first stage, pre-training or adaptation, named by the method's ``init_from``, then the
   method's own training): the train losses per component (means over the steps between validations) on a
   log scale; the validation score against the step with the selected step marked (captioning: greedy
-  CIDEr-D x100; adaptation: retrieval R@1+R@5+R@10 of both directions; pre-training: its validation losses
+  decoding, the run's selection metric x100; adaptation: retrieval R@1+R@5+R@10 of both directions; pre-training: its validation losses
   and accuracies, no selection: the last step is kept); and, where a run logs them, the non-loss diagnostics
   (accuracies, stage flags, scales). One line style per seed.
 - ``--table T --runs DIR... [--sanity DIR...] --manifest M --out results/<dataset>/plots/T_val_cider.png``:
-  validation CIDEr-D of every method of the table against the step (log scale) and against the fraction of
-  its training budget, each selected step marked, and the sanity rows' validation CIDEr-D (scored here on
-  their ``predictions_val.json`` with the same scorer as training's validation) as horizontal lines.
+  validation score of every method of the table (the metric its runs select on: CIDEr-D, ROUGE-L on
+  Birds-to-Words; the file keeps its name) against the step (log scale) and against the fraction of its
+  training budget, each selected step marked, and the sanity rows' validation score (scored here on their
+  ``predictions_val.json`` with the same scorer as training's validation) as horizontal lines.
 
 A log holds every session a run directory has seen (a rerun appends to it); ``read_log`` keeps the records
 of the last run: those after its last ``started`` event, with the ``resumed`` sessions spliced in.
@@ -93,6 +94,7 @@ class Run:
     records: list[dict] = field(default_factory=list)
     selected_step: int | None = None
     iterations: int | None = None
+    metric: str = "CIDEr"  # captioning: the validation metric it selects on (pycocoevalcap's name)
 
     @property
     def has_log(self) -> bool:
@@ -118,7 +120,16 @@ def load_run(d: str | Path) -> Run:
     selected = info.get("selected_step")
     if stage == "pre-training" and records:
         selected = records[-1]["step"]  # no selection: the last step's weights are kept
-    return Run(d, name, seed, stage, records, selected, iterations)
+    # train writes val_<metric> for every metric it knows, the selection's with a value
+    metric = next((k[4:] for k, v in info.items() if k.startswith("val_") and v is not None), "CIDEr")
+    return Run(d, name, seed, stage, records, selected, iterations, metric)
+
+
+METRIC_NAMES = {"CIDEr": "CIDEr-D", "ROUGE_L": "ROUGE-L", "METEOR": "METEOR", "Bleu_4": "BLEU-4", "SPICE": "SPICE"}
+
+
+def metric_name(metric: str) -> str:
+    return METRIC_NAMES.get(metric, metric)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -140,9 +151,9 @@ def _save(fig, out: str | Path) -> None:
     _pyplot().close(fig)
 
 
-def _score_axis(stage: str) -> tuple[str, float]:
+def _score_axis(stage: str, metric: str = "CIDEr") -> tuple[str, float]:
     if stage == "captioning":
-        return "validation CIDEr-D (x100)", 100.0
+        return f"validation {metric_name(metric)} (x100)", 100.0
     if stage == "adaptation":
         return "validation R@1+R@5+R@10, both directions", 1.0
     return "validation (pre-training tasks)", 1.0
@@ -192,7 +203,7 @@ def _stage_row(axes, runs: list[Run], title: str, colours: dict, with_diag: bool
                 axes[2].plot([p[0] for p in pts], [p[1] for p in pts], ls=style, marker=".",
                              color=colours.setdefault(k, f"C{len(colours) % 10}"), label=f"{k}{seed}")
     ax_loss.set_title(f"{title}: train losses (means between validations)", fontsize=9)
-    ax_val.set_title(f"{title}: {_score_axis(stage)[0]}", fontsize=9)
+    ax_val.set_title(f"{title}: {_score_axis(stage, runs[0].metric)[0]}", fontsize=9)
     if all_values:
         ax_loss.set_yscale("log" if min(all_values) > 0 else "symlog")
     for ax in axes:
@@ -228,9 +239,19 @@ def method_figure(method: str, runs: list[Run], first_stage: list[Run], out: str
     _save(fig, out)
 
 
+def table_metric(runs: dict[str, list[Run]]) -> str:
+    """The validation metric the table's runs select on (they must agree: one axis)."""
+    metrics = {r.metric for rs in runs.values() for r in rs}
+    if len(metrics) > 1:
+        raise PipelineError(f"plots --table: the runs select on different metrics {sorted(metrics)}")
+    return metrics.pop() if metrics else "CIDEr"
+
+
 def table_figure(table: str, runs: dict[str, list[Run]], sanity: dict[str, float], out: str | Path) -> None:
-    """Validation CIDEr-D of every method of a table, with the sanity rows as horizontal reference lines."""
+    """Validation score (the runs' selection metric: CIDEr-D, or ROUGE-L on Birds-to-Words) of every method of a
+    table, with the sanity rows as horizontal reference lines."""
     plt = _pyplot()
+    score_name = metric_name(table_metric(runs))
     fig, (ax_step, ax_frac) = plt.subplots(1, 2, figsize=(13, 4.8))
     for i, (method, rs) in enumerate(runs.items()):
         colour = f"C{i % 10}"
@@ -256,16 +277,17 @@ def table_figure(table: str, runs: dict[str, list[Run]], sanity: dict[str, float
     ax_step.set_xlabel("step (log scale)")
     ax_frac.set_xlabel("fraction of the run's training steps")
     for ax in (ax_step, ax_frac):
-        ax.set_ylabel("validation CIDEr-D (x100)")
+        ax.set_ylabel(f"validation {score_name} (x100)")
         ax.grid(True, alpha=0.3)
     ax_frac.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    fig.suptitle(f"{table}: validation CIDEr-D (greedy decoding); * = selected step", fontsize=11)
+    fig.suptitle(f"{table}: validation {score_name} (greedy decoding); * = selected step", fontsize=11)
     fig.tight_layout()
     _save(fig, out)
 
 
-def sanity_val_cider(run_dirs, manifest: str | Path) -> dict[str, float]:
-    """Validation CIDEr-D x100 of each sanity run's ``predictions_val.json`` (mean over its seeds)."""
+def sanity_val_cider(run_dirs, manifest: str | Path, metric: str = "CIDEr") -> dict[str, float]:
+    """Validation ``metric`` (CIDEr: CIDEr-D) x100 of each sanity run's ``predictions_val.json`` (mean over its
+    seeds)."""
     from pipeline.evaluate import score
 
     refs = {r["pair_id"]: r["captions"] for r in read_jsonl(manifest) if r["split"] == "val"}
@@ -273,7 +295,7 @@ def sanity_val_cider(run_dirs, manifest: str | Path) -> dict[str, float]:
     for d in map(Path, run_dirs):
         run = read_json(d / "run.json")
         preds = {p["image_id"]: p["caption"] for p in read_json(d / "predictions_val.json")}
-        got.setdefault(run["method"], []).append(100.0 * score(refs, preds, metrics=("CIDEr",))["CIDEr"])
+        got.setdefault(run["method"], []).append(100.0 * score(refs, preds, metrics=(metric,))[metric])
     return {m: sum(v) / len(v) for m, v in got.items()}
 
 
@@ -302,6 +324,6 @@ def run(args: argparse.Namespace) -> None:
         by_method: dict[str, list[Run]] = {}
         for r in runs:
             by_method.setdefault(r.name, []).append(r)
-        sanity = sanity_val_cider(args.sanity, args.manifest) if args.sanity else {}
+        sanity = sanity_val_cider(args.sanity, args.manifest, table_metric(by_method)) if args.sanity else {}
         table_figure(args.table, by_method, sanity, args.out)
     print(f"plots: wrote {args.out}")

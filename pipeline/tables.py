@@ -570,11 +570,63 @@ def _plots_md(plots: Sequence[str | Path], md_path: Path) -> str:
     method_figs = [(n, r) for n, r in rel if not n.endswith("_val_cider")]
     out = "\n## Learning curves\n\n"
     for n, r in table_figs:
-        out += f"![validation CIDEr-D vs step]({r})\n\n"
+        out += f"![validation score (the selection metric) vs step]({r})\n\n"
     if method_figs:
         out += "Per method (train losses per component, validation score, selected step): " + ", ".join(
             f"[{n}]({r})" for n, r in method_figs) + "\n"
     return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Contrasts: does an addition (pre-training, extra data) help here?
+# --------------------------------------------------------------------------------------------------
+def _selected_val(g: Group) -> tuple[str, float] | None:
+    """(metric, mean over seeds) of the validation score at each run's selected step (``run.json``)."""
+    got: dict[str, list[float]] = {}
+    for run in g.runs:
+        for k, v in run.items():
+            if k.startswith("val_") and isinstance(v, (int, float)):
+                got.setdefault(k[4:], []).append(float(v))
+    if len(got) != 1:
+        return None
+    (metric, values), = got.items()
+    return metric, sum(values) / len(values)
+
+
+def contrast(rows: list[dict], groups: list[Group], dataset: str, method: str, base: str,
+             metrics: Sequence[str] = ("ROUGE-L", "CIDEr")) -> dict:
+    """``method`` against ``base`` (the same model without the addition): test differences here and in the
+    papers (``pipeline.paper_numbers``), and the selected validation scores. ``helps``: every listed metric
+    rises here (None when a row is missing)."""
+    ours = {r["method"]: r for r in rows if r["kind"] == "reproduced"}
+    out = {"method": method, "base": base, "here": {}, "paper": {}, "paper_source": None, "helps": None}
+    if method not in ours or base not in ours:
+        out["statement"] = f"{method} vs {base}: {'/'.join(m for m in (method, base) if m not in ours)} not in this table"
+        return out
+    here = {c: ours[method][c][0] - ours[base][c][0] for c in metrics
+            if ours[method][c][0] is not None and ours[base][c][0] is not None}
+    pm, pb = pn.lookup(dataset, "total", method), pn.lookup(dataset, "total", base)
+    paper = {c: pm.value(c) - pb.value(c) for c in metrics
+             if pm and pb and pm.value(c) is not None and pb.value(c) is not None}
+    helps = all(v > 0 for v in here.values()) if len(here) == len(metrics) else None
+    fmt = lambda d: ", ".join(f"{c} {v:+.1f}" for c, v in d.items())  # noqa: E731
+    text = f"{method} vs {base}: here {fmt(here)}"
+    vals = {m: _selected_val(g) for g in groups for m in (method, base) if g.method == m and g.kind == "reproduced"}
+    if vals.get(method) and vals.get(base) and vals[method][0] == vals[base][0]:
+        name = {"CIDEr": "CIDEr-D", "ROUGE_L": "ROUGE-L"}.get(vals[method][0], vals[method][0])
+        text += f" (validation {name} at the selected step {100 * vals[base][1]:.1f} -> {100 * vals[method][1]:.1f})"
+    if paper:
+        text += f"; paper ({pm.source}) {fmt(paper)}"
+    text += {True: " — helps here", False: " — does not help here", None: ""}[helps]
+    out.update(here=here, paper=paper, paper_source=pm.source if paper else None, helps=helps, statement=text)
+    return out
+
+
+def _contrasts_md(items: list[dict]) -> str:
+    if not items:
+        return ""
+    return ("\nDoes each addition help here? (test scores of the rows above; the validation curves are linked "
+            "below)\n\n" + "\n".join(f"- {c['statement']}" for c in items) + "\n")
 
 
 def _orderings_md(items: list[dict]) -> str:
@@ -585,7 +637,8 @@ def _orderings_md(items: list[dict]) -> str:
 
 
 def write_tables(groups: list[Group], dataset: str, out: str | Path, paper_methods: Sequence[str],
-                 plots: Sequence[str | Path] = (), orderings: bool = False) -> list[Path]:
+                 plots: Sequence[str | Path] = (), orderings: bool = False,
+                 contrasts: Sequence[Sequence[str]] = ()) -> list[Path]:
     """Write the three tables (CSV + Markdown) and their ``.meta.json`` sidecar; return the paths written."""
     out = Path(out)
     stem = out.with_suffix("") if out.suffix == ".csv" else out
@@ -599,8 +652,10 @@ def write_tables(groups: list[Group], dataset: str, out: str | Path, paper_metho
     write_csv(path(".csv"), total, cols)
     total_order = [ordering(total, dataset, "total")] if orderings else []
     order_items += total_order
+    contrast_items = [contrast(total, groups, dataset, m, b) for m, b in contrasts]
     md = (f"# {name}: whole test split\n\n{_PREAMBLE}\n{_pairs_line(total)}\n" + md_table(total, cols)
-          + md_footnotes(total, notes) + _orderings_md(total_order) + _plots_md(plots, path(".md")))
+          + md_footnotes(total, notes) + _orderings_md(total_order) + _contrasts_md(contrast_items)
+          + _plots_md(plots, path(".md")))
     _write_text(path(".md"), md)
     written += [path(".csv"), path(".md")]
 
@@ -647,6 +702,7 @@ def write_tables(groups: list[Group], dataset: str, out: str | Path, paper_metho
         "notes": notes.as_dict(),
         "plots": [Path(os.path.relpath(Path(p).resolve(), out.parent.resolve())).as_posix() for p in plots],
         "orderings": order_items,
+        "contrasts": contrast_items,
     }
     with atomic_path(path(".meta.json")) as tmp:
         tmp.write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
@@ -668,9 +724,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plots", nargs="*", default=[], help="figures the Markdown links (results/<dataset>/plots/*.png)")
     parser.add_argument("--orderings", action="store_true",
                         help="state whether the papers' ordering of the reproduced rows by CIDEr holds (ablation tables)")
+    parser.add_argument("--contrasts", nargs="*", default=[], metavar="METHOD:BASE",
+                        help="state, for each METHOD:BASE, whether the addition METHOD has over BASE helps here")
 
 
 def run(args: argparse.Namespace) -> None:
     groups = load_runs(args.runs, args.dataset)
-    written = write_tables(groups, args.dataset, args.out, args.paper_methods, args.plots, args.orderings)
+    pairs = []
+    for c in args.contrasts:
+        method, sep, base = c.partition(":")
+        if not sep or not method or not base:
+            raise PipelineError(f"--contrasts {c!r}: expected METHOD:BASE")
+        pairs.append((method, base))
+    written = write_tables(groups, args.dataset, args.out, args.paper_methods, args.plots, args.orderings, pairs)
     print(f"{args.dataset}: {len(groups)} reproduced/sanity rows from {len(args.runs)} runs -> " + ", ".join(str(p) for p in written))

@@ -22,6 +22,12 @@ def table_orderings(table):
     return "--orderings" if "_ablation_" in table else ""
 
 
+def table_contrasts(table):
+    """`contrasts: [[method, base], ...]`: the Markdown says whether each addition helps here."""
+    pairs = table_cfg(table).get("contrasts", [])
+    return ("--contrasts " + " ".join(f"{m}:{b}" for m, b in pairs)) if pairs else ""
+
+
 rule table:
     """A paper table: reproduced rows (mean ± std over seeds), sanity rows, and the papers' numbers; the
     Markdown links the learning curves (rules/plots.smk), which are drawn as part of the table's target."""
@@ -45,11 +51,13 @@ rule table:
         runs=lambda w: table_runs(w.table),
         paper=lambda w: " ".join(table_cfg(w.table)["methods"] + table_cfg(w.table).get("paper_only", [])),
         orderings=lambda w: table_orderings(w.table),
+        contrasts=lambda w: table_contrasts(w.table),
     log:
         "logs/tables/{table}.log",
     shell:
         "python -m pipeline table --dataset {params.dataset} --runs {params.runs} "
-        "--paper-methods {params.paper} --plots {input.plots} {params.orderings} --out {output.csv} > {log} 2>&1"
+        "--paper-methods {params.paper} --plots {input.plots} {params.orderings} {params.contrasts} --out {output.csv} "
+        "> {log} 2>&1"
 
 
 rule dvc_files:

@@ -44,6 +44,9 @@ def test_unknown_key_is_named_with_its_place():
      r"tables\.clevr_change\.paper_only: no paper row of 'ddla' for dataset 'clevr_change'"),
     (lambda c: c["tables"]["spot_the_diff"]["paper_only"].append("dirl"),
      r"tables\.spot_the_diff\.paper_only: 'dirl' is a method under methods"),
+    # contrasts compare two rows of the table
+    (lambda c: c["tables"]["birds_to_words"].update(contrasts=[["idc_pcl_cub_nabirds", "duda"]]),
+     r"tables\.birds_to_words\.contrasts: 'duda' is not one of tables\.birds_to_words\.methods"),
 ])
 def test_references_between_blocks_are_checked(edit, message):
     cfg = yaml.safe_load((ROOT / ".test/config/config.yaml").read_text())

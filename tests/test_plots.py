@@ -96,3 +96,40 @@ def test_a_run_without_a_log_is_drawn_not_fatal(tmp_path):
     write_json(d / "run.json", {"method": "duda", "kind": "reproduced", "seed": 0, "selected_step": 5})
     assert main(["plots", "--method", "duda", "--runs", str(d), "--out", str(tmp_path / "duda.png")]) == 0
     assert plots.load_run(d).records == []
+
+
+def test_figures_name_the_metric_the_runs_select_on_and_score_the_sanity_rows_with_it(tmp_path, monkeypatch):
+    """Birds-to-Words selects on ROUGE-L: its runs' val_score is ROUGE-L, and the axes and the sanity lines say so."""
+    runs = []
+    for method in ("idc_pcl", "idc_pcl_cub"):
+        d = _captioning_run(tmp_path, method)
+        info = json.loads((d / "run.json").read_text())
+        write_json(d / "run.json", {**info, "val_CIDEr": None, "val_ROUGE_L": 0.5})
+        runs.append(d)
+    loaded = [plots.load_run(d) for d in runs]
+    assert [r.metric for r in loaded] == ["ROUGE_L", "ROUGE_L"]
+    assert plots.load_run(_captioning_run(tmp_path / "cc", "duda")).metric == "CIDEr"  # no val_ key: CIDEr
+    assert plots._score_axis("captioning", "ROUGE_L")[0] == "validation ROUGE-L (x100)"
+    labels = {}
+    orig = plots._save
+
+    def spy(fig, out):
+        labels[Path(out).name] = [ax.get_ylabel() for ax in fig.axes] + [fig._suptitle.get_text()]
+        orig(fig, out)
+
+    monkeypatch.setattr(plots, "_save", spy)
+    seen = {}
+    monkeypatch.setattr("pipeline.evaluate.score", lambda refs, preds, metrics=None: seen.setdefault("m", metrics) and {"ROUGE_L": 0.2})
+    sanity = tmp_path / "most_frequent" / "seed0"
+    write_json(sanity / "run.json", {"method": "most_frequent", "kind": "sanity", "seed": 0})
+    write_json(sanity / "predictions_val.json", [{"image_id": "a", "caption": "x"}])
+    manifest = tmp_path / "manifest.jsonl"
+    manifest.write_text(json.dumps({"pair_id": "a", "split": "val", "captions": ["x"]}) + "\n")
+    assert main(["plots", "--table", "birds_to_words", "--runs", *map(str, runs), "--sanity", str(sanity),
+                 "--manifest", str(manifest), "--out", str(tmp_path / "b2w_val_cider.png")]) == 0
+    assert seen["m"] == ("ROUGE_L",)
+    got = labels["b2w_val_cider.png"]
+    assert got[0] == got[1] == "validation ROUGE-L (x100)" and "ROUGE-L" in got[-1] and "CIDEr" not in " ".join(got)
+    mixed = plots.load_run(_captioning_run(tmp_path / "cc", "duda"))
+    with pytest.raises(plots.PipelineError, match="different metrics"):
+        plots.table_metric({"a": loaded, "b": [mixed]})

@@ -362,7 +362,7 @@ def test_new_columns_distinct_captions_and_notes_written_once(tmp_path):
     n = next(k for k, t in meta["notes"].items() if t == caveat)
     assert all(n in r["notes"].split(",") for r in rows if r["kind"] != "paper")
     # the Markdown links the figures relative to itself
-    assert "(../clevr_change/plots/duda.png)" in md and "![validation CIDEr-D vs step](../clevr_change/plots/clevr_change_val_cider.png)" in md
+    assert "(../clevr_change/plots/duda.png)" in md and "![validation score (the selection metric) vs step](../clevr_change/plots/clevr_change_val_cider.png)" in md
     assert meta["plots"] == ["../clevr_change/plots/duda.png", "../clevr_change/plots/clevr_change_val_cider.png"]
     assert meta["orderings"] == []
 
@@ -494,3 +494,33 @@ def test_by_type_table_of_a_dataset_without_clevr_types(tmp_path):
     assert tables.type_columns(groups) == {"change": "change"}
     clevr = tables.load_runs([_run(tmp_path / "c", "duda", 0, "reproduced", cider=1.0)], "clevr_change")
     assert tables.type_columns(clevr) == pn.TYPE_TO_CHANGE
+
+
+def test_contrasts_say_whether_each_addition_helps_here_beside_the_papers_difference(tmp_path):
+    """Birds-to-Words (IDC-PCL Table 5): +CUB over IDC-PCL, paper ROUGE-L 48.4 -> 48.5, CIDEr 18.6 -> 23.8."""
+    def run(method, rouge, cider, val):
+        d = _run(tmp_path, method, 0, "reproduced", cider, dataset="birds_to_words")
+        info = json.loads((d / "run.json").read_text())
+        write_json(d / "run.json", {**info, "val_CIDEr": None, "val_ROUGE_L": val})
+        m = json.loads((d / "metrics.json").read_text())
+        m["total"]["ROUGE_L"] = rouge
+        write_json(d / "metrics.json", m)
+        return d
+
+    runs = [run("idc_pcl", 0.40, 0.20, 0.41), run("idc_pcl_cub", 0.45, 0.18, 0.44), run("idc_pcl_nabirds", 0.46, 0.25, 0.47)]
+    out = tmp_path / "t" / "birds_to_words.csv"
+    assert main(["table", "--dataset", "birds_to_words", "--runs", *map(str, runs), "--out", str(out), "--paper-methods",
+                 "--contrasts", "idc_pcl_cub:idc_pcl", "idc_pcl_nabirds:idc_pcl", "idc_pcl_cub_nabirds:idc_pcl"]) == 0
+    got = json.loads((tmp_path / "t" / "birds_to_words.meta.json").read_text())["contrasts"]
+    cub, nab, both = got
+    assert cub["here"] == pytest.approx({"ROUGE-L": 5.0, "CIDEr": -2.0})
+    assert cub["paper"] == pytest.approx({"ROUGE-L": 0.1, "CIDEr": 5.2}) and "Table 5" in cub["paper_source"]
+    assert cub["helps"] is False and cub["statement"].endswith("does not help here")
+    assert "validation ROUGE-L at the selected step 41.0 -> 44.0" in cub["statement"]
+    assert nab["helps"] is True and nab["statement"].endswith("— helps here")
+    assert both["helps"] is None and "idc_pcl_cub_nabirds not in this table" in both["statement"]
+    md = (tmp_path / "t" / "birds_to_words.md").read_text()
+    assert "Does each addition help here?" in md and cub["statement"] in md and nab["statement"] in md
+    with pytest.raises(PipelineError, match="METHOD:BASE"):
+        tables.run(tables.argparse.Namespace(dataset="birds_to_words", runs=list(map(str, runs)), out=str(out),
+                                             paper_methods=[], plots=[], orderings=False, contrasts=["idc_pcl_cub"]))

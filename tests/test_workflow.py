@@ -535,6 +535,11 @@ def test_birds_to_words_table_through_the_expansion(workdir):
     steps = [r for r in log if "train_steps" in r]
     assert any("gic_mlm" in r for r in steps[:4]) and not any("gic_mlm" in r for r in steps[4:])
     assert any("fgvc_match" in r for r in steps[4:])
+    # the table says whether the addition helps here (config: contrasts)
+    (c,) = json.loads((workdir / "results/tables/birds_to_words.meta.json").read_text())["contrasts"]
+    assert (c["method"], c["base"]) == ("idc_pcl_cub_nabirds", "idc_pcl_no_pretrain") and c["helps"] in (True, False)
+    assert set(c["here"]) == {"ROUGE-L", "CIDEr"} and "validation ROUGE-L at the selected step" in c["statement"]
+    assert c["statement"] in (workdir / "results/tables/birds_to_words.md").read_text()
 
 
 def test_train_devices_2_runs_two_processes_in_the_one_job_and_takes_the_one_process_steps(workdir, tmp_path):
