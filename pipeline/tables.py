@@ -596,8 +596,8 @@ def _selected_val(g: Group) -> tuple[str, float] | None:
 def contrast(rows: list[dict], groups: list[Group], dataset: str, method: str, base: str,
              metrics: Sequence[str] = ("ROUGE-L", "CIDEr")) -> dict:
     """``method`` against ``base`` (the same model without the addition): test differences here and in the
-    papers (``pipeline.paper_numbers``), and the selected validation scores. ``helps``: every listed metric
-    rises here (None when a row is missing)."""
+    papers (``pipeline.paper_numbers``), and the selected validation scores. ``helps``: True when every listed
+    metric rises here, False when every one falls, None when they disagree or a row is missing."""
     ours = {r["method"]: r for r in rows if r["kind"] == "reproduced"}
     out = {"method": method, "base": base, "here": {}, "paper": {}, "paper_source": None, "helps": None}
     if method not in ours or base not in ours:
@@ -608,7 +608,11 @@ def contrast(rows: list[dict], groups: list[Group], dataset: str, method: str, b
     pm, pb = pn.lookup(dataset, "total", method), pn.lookup(dataset, "total", base)
     paper = {c: pm.value(c) - pb.value(c) for c in metrics
              if pm and pb and pm.value(c) is not None and pb.value(c) is not None}
-    helps = all(v > 0 for v in here.values()) if len(here) == len(metrics) else None
+    helps = None
+    if len(here) == len(metrics) and all(v > 0 for v in here.values()):
+        helps = True
+    elif len(here) == len(metrics) and all(v < 0 for v in here.values()):
+        helps = False
     fmt = lambda d: ", ".join(f"{c} {v:+.1f}" for c, v in d.items())  # noqa: E731
     text = f"{method} vs {base}: here {fmt(here)}"
     vals = {m: _selected_val(g) for g in groups for m in (method, base) if g.method == m and g.kind == "reproduced"}
@@ -617,7 +621,9 @@ def contrast(rows: list[dict], groups: list[Group], dataset: str, method: str, b
         text += f" (validation {name} at the selected step {100 * vals[base][1]:.1f} -> {100 * vals[method][1]:.1f})"
     if paper:
         text += f"; paper ({pm.source}) {fmt(paper)}"
-    text += {True: " — helps here", False: " — does not help here", None: ""}[helps]
+    if len(here) == len(metrics):
+        text += {True: " — helps here (every metric up)", False: " — does not help here (every metric down)",
+                 None: " — mixed here (" + ", ".join(f"{c} {'up' if v > 0 else 'down'}" for c, v in here.items()) + ")"}[helps]
     out.update(here=here, paper=paper, paper_source=pm.source if paper else None, helps=helps, statement=text)
     return out
 
@@ -625,8 +631,8 @@ def contrast(rows: list[dict], groups: list[Group], dataset: str, method: str, b
 def _contrasts_md(items: list[dict]) -> str:
     if not items:
         return ""
-    return ("\nDoes each addition help here? (test scores of the rows above; the validation curves are linked "
-            "below)\n\n" + "\n".join(f"- {c['statement']}" for c in items) + "\n")
+    return ("\nDoes each addition help here? (test scores of the rows above, one run each: differences of a few "
+            "points can be seed noise; the validation curves are linked below)\n\n" + "\n".join(f"- {c['statement']}" for c in items) + "\n")
 
 
 def _orderings_md(items: list[dict]) -> str:

@@ -515,9 +515,13 @@ def test_contrasts_say_whether_each_addition_helps_here_beside_the_papers_differ
     cub, nab, both = got
     assert cub["here"] == pytest.approx({"ROUGE-L": 5.0, "CIDEr": -2.0})
     assert cub["paper"] == pytest.approx({"ROUGE-L": 0.1, "CIDEr": 5.2}) and "Table 5" in cub["paper_source"]
-    assert cub["helps"] is False and cub["statement"].endswith("does not help here")
+    assert cub["helps"] is None and cub["statement"].endswith("mixed here (ROUGE-L up, CIDEr down)")
     assert "validation ROUGE-L at the selected step 41.0 -> 44.0" in cub["statement"]
-    assert nab["helps"] is True and nab["statement"].endswith("— helps here")
+    assert nab["helps"] is True and nab["statement"].endswith("— helps here (every metric up)")
+    worse = tables.contrast([{"method": "a", "kind": "reproduced", "ROUGE-L": (40.0, None), "CIDEr": (20.0, None)},
+                             {"method": "b", "kind": "reproduced", "ROUGE-L": (41.0, None), "CIDEr": (22.0, None)}],
+                            [], "birds_to_words", "a", "b")
+    assert worse["helps"] is False and worse["statement"].endswith("does not help here (every metric down)")
     assert both["helps"] is None and "idc_pcl_cub_nabirds not in this table" in both["statement"]
     md = (tmp_path / "t" / "birds_to_words.md").read_text()
     assert "Does each addition help here?" in md and cub["statement"] in md and nab["statement"] in md
