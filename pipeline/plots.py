@@ -6,8 +6,8 @@ Two figures, each written atomically as a PNG:
   per stage (the first stage, pre-training or adaptation, named by the method's ``init_from``, then the
   method's own training): the train losses per component (means over the steps between validations) on a
   log scale; the validation score against the step with the selected step marked (captioning: greedy
-  decoding, the run's selection metric x100; adaptation: retrieval R@1+R@5+R@10 of both directions; pre-training: its validation losses
-  and accuracies, no selection: the last step is kept); and, where a run logs them, the non-loss diagnostics
+  decoding, the run's selection metric x100; adaptation: retrieval R@1+R@5+R@10 of both directions;
+  pre-training: its validation losses and accuracies, no selection: the last step is kept); and, where a run logs them, the non-loss diagnostics
   (accuracies, stage flags, scales). One line style per seed.
 - ``--table T --runs DIR... [--sanity DIR...] --manifest M --out results/<dataset>/plots/T_val_cider.png``:
   validation score of every method of the table (the metric its runs select on: CIDEr-D, ROUGE-L on

@@ -617,7 +617,9 @@ def contrast(rows: list[dict], groups: list[Group], dataset: str, method: str, b
     text = f"{method} vs {base}: here {fmt(here)}"
     vals = {m: _selected_val(g) for g in groups for m in (method, base) if g.method == m and g.kind == "reproduced"}
     if vals.get(method) and vals.get(base) and vals[method][0] == vals[base][0]:
-        name = {"CIDEr": "CIDEr-D", "ROUGE_L": "ROUGE-L"}.get(vals[method][0], vals[method][0])
+        from pipeline.plots import metric_name
+
+        name = metric_name(vals[method][0])
         text += f" (validation {name} at the selected step {100 * vals[base][1]:.1f} -> {100 * vals[method][1]:.1f})"
     if paper:
         text += f"; paper ({pm.source}) {fmt(paper)}"
@@ -631,8 +633,8 @@ def contrast(rows: list[dict], groups: list[Group], dataset: str, method: str, b
 def _contrasts_md(items: list[dict]) -> str:
     if not items:
         return ""
-    return ("\nDoes each addition help here? (test scores of the rows above, one run each: differences of a few "
-            "points can be seed noise; the validation curves are linked below)\n\n" + "\n".join(f"- {c['statement']}" for c in items) + "\n")
+    return ("\nDoes each addition help here? (test scores of the rows above, means over their seeds: with few seeds a "
+            "difference of a few points can be seed noise; the validation curves are linked below)\n\n" + "\n".join(f"- {c['statement']}" for c in items) + "\n")
 
 
 def _orderings_md(items: list[dict]) -> str:
