@@ -532,3 +532,50 @@ def test_batchnorm_calibration_normalises_the_calibration_batch():
     out = seen["out"]
     torch.testing.assert_close(out.mean((0, 2, 3)), torch.zeros(out.shape[1]), atol=1e-4, rtol=0)
     torch.testing.assert_close(out.var((0, 2, 3), unbiased=False), torch.ones(out.shape[1]), atol=1e-3, rtol=0)
+
+
+def _layer4_trunk(shortcut: str, seed: int = 0):
+    model = backbones.build_backbone("resnet101_layer4", depths=(1, 1, 1, 1))
+    if shortcut == "avg_down":
+        assert backbones.avg_down_(model) == 3  # layer2-4's first blocks (layer1's shortcut has stride 1)
+    cal = torch.rand(4, 3, 64, 64, generator=torch.Generator().manual_seed(seed))
+    backbones.init_random_(model, seed, cal)
+    return backbones.Extractor.from_model(model)
+
+
+def test_avg_down_shortcuts_see_every_pixel_block_the_strided_trunk_skips():
+    strided, avg = _layer4_trunk("strided"), _layer4_trunk("avg_down")
+    x = torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+    assert strided(x).shape == avg(x).shape == (1, 2048, 2, 2)
+    # odd maps: the pooled shortcut keeps the residual branch's ceil(h/2) (the bottleneck adds the two)
+    assert avg(torch.rand(1, 3, 72, 72)).shape == strided(torch.rand(1, 3, 72, 72)).shape == (1, 2048, 3, 3)
+    # a strided layer4 cell reads one small patch every 32 pixels: a change in the pixels between is invisible
+    # to it; the averaged trunk sees it (why config.yaml's layer4 uses avg_down)
+    blind = 0
+    for r0 in range(0, 64, 4):
+        for c0 in range(0, 64, 4):
+            y = x.clone()
+            y[:, :, r0:r0 + 4, c0:c0 + 4] = 1.0 - y[:, :, r0:r0 + 4, c0:c0 + 4]
+            if torch.equal(strided(y), strided(x)):
+                blind += 1
+                assert not torch.allclose(avg(y), avg(x))
+    assert blind >= 64  # most of the 256 4x4 blocks
+
+
+def test_avg_down_is_refused_with_trained_weights(tmp_path, capsys):
+    from pipeline.__main__ import main
+
+    raw = tmp_path / "data"
+    keys = write_pngs(raw, 2)
+    man = tmp_path / "manifest.jsonl"
+    man.write_text(json.dumps({"pair_id": "0", "before": keys[0], "after": keys[1]}) + "\n")
+    out = tmp_path / "f.h5"
+    assert main(["extract-features", "--manifest", str(man), "--raw-dir", str(raw), "--weights", "imagenet",
+                 "--shortcut", "avg_down", "--backbone", "resnet101_layer4", "--no-download", "--out", str(out)]) != 0
+    assert "--shortcut avg_down needs --weights random" in capsys.readouterr().err
+    assert not out.exists()
+    assert main(["extract-features", "--manifest", str(man), "--raw-dir", str(raw), "--weights", "random",
+                 "--shortcut", "avg_down", "--backbone", "resnet101_layer4", "--image-size", "64", "--no-progress",
+                 "--out", str(out)]) == 0
+    with FeatureStore(out) as store:
+        assert "avg-down shortcuts" in store.attrs["weights"] and store.shape == (2048, 2, 2)

@@ -154,6 +154,31 @@ def init_random_(model: nn.Module, seed: int, calibration: torch.Tensor | None =
     return calibrate_batchnorm_(model, calibration)
 
 
+def avg_down_(model: nn.Module) -> int:
+    """Give every strided shortcut of the trunk ResNet-D's "average down" form (He et al. 2019, Bag of Tricks
+    §4.1): a 2×2 average pool, then the 1×1 convolution at stride 1, instead of the 1×1 convolution at stride 2
+    that reads one pixel in four. Only for ``weights: random``: a trained trunk's shortcuts were trained strided.
+    Why: with zero-init residuals (:func:`init_random_`) the trunk is its shortcuts, so a strided layer4 cell
+    reads one 11×11-pixel patch every 32 pixels; averaged, it summarises its whole 32×32 block. Measured on the
+    synthetic Birds-to-Words photos (900 birds, logistic probe on pooled layer4 features, 3-fold): crown colour
+    0.35 → 0.78, breast colour 0.60 → 0.94, tail colour 0.30 → 0.77 (majority 0.13-0.17). Call before the
+    weights are applied (the BatchNorm calibration must see the new trunk). Returns how many shortcuts changed."""
+    from transformers.models.resnet.modeling_resnet import ResNetBottleNeckLayer
+
+    n = 0
+    for module in model.modules():
+        shortcut = getattr(module, "shortcut", None) if isinstance(module, ResNetBottleNeckLayer) else None
+        conv = getattr(shortcut, "convolution", None)
+        if isinstance(conv, nn.Conv2d) and conv.stride == (2, 2):
+            conv.stride = (1, 1)
+            # ceil_mode: odd maps give ceil(h/2) cells, as the residual branch's stride-2 3×3 convolution does
+            module.shortcut = nn.Sequential(nn.AvgPool2d(2, 2, ceil_mode=True, count_include_pad=False), shortcut)
+            n += 1
+    if n == 0:
+        raise PipelineError("avg_down_: no strided shortcut found (not a transformers ResNet, or already changed?)")
+    return n
+
+
 def calibrate_batchnorm_(model: nn.Module, pixels: torch.Tensor) -> nn.Module:
     """Set every BatchNorm's running statistics to those of its input on ``pixels`` (one batch), so each
     normalises that batch to zero mean and unit variance."""

@@ -56,6 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weights-dir", default="resources/weights",
                         help="where resnet101-63fe2227.pth is looked up / downloaded to")
     parser.add_argument("--no-download", action="store_true", help="never download weights")
+    parser.add_argument("--shortcut", choices=("strided", "avg_down"), default="strided",
+                        help="strided shortcuts (ResNet-101 as released), or avg_down: ResNet-D's 2x2 average pool "
+                             "before each strided 1x1 shortcut (weights random only; backbones.avg_down_)")
     parser.add_argument("--out", required=True, help="output .h5 (results/<dataset>/features/<backbone>.h5)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--dtype", choices=("float16", "float32"), default="float16", help="stored dtype")
@@ -101,9 +104,14 @@ def run(args: argparse.Namespace) -> None:
         raise PipelineError(f"--device {args.device}: CUDA is not available")
     workers = args.workers if args.workers >= 0 else (min(8, available_cores()) if device.type == "cuda" else 1)
 
+    if args.shortcut == "avg_down" and args.weights != "random":
+        raise PipelineError(f"--shortcut avg_down needs --weights random: the {args.weights} weights were trained "
+                            "with strided shortcuts (set `shortcut: strided` for this backbone in the config)")
     resolved = weights_mod.resolve_weights(args.weights, args.weights_dir, seed=args.seed,
                                            download_ok=not args.no_download)
     model = backbones.build_backbone(args.backbone)
+    if args.shortcut == "avg_down":
+        backbones.avg_down_(model)
     calibration, scale = None, 1.0
     if resolved.kind == "random":
         # A random backbone stands in for the ImageNet one: its BatchNorm statistics come from a fixed sample
@@ -115,7 +123,8 @@ def run(args: argparse.Namespace) -> None:
                                                  for k in picks]))
         weights_mod.apply_weights(model, resolved, calibration)
         scale = RANDOM_FEATURE_MEAN / float(backbones.Extractor.from_model(model, device)(calibration).mean())
-        resolved = dataclasses.replace(resolved, identity=f"{resolved.identity[:-1]}, zero-init residuals, BN calibrated on "
+        resolved = dataclasses.replace(resolved, identity=f"{resolved.identity[:-1]}, zero-init residuals, "
+                                       f"{'avg-down shortcuts, ' if args.shortcut == 'avg_down' else ''}BN calibrated on "
                                        f"{len(picks)} dataset images, mean scaled to {RANDOM_FEATURE_MEAN})")
     else:
         weights_mod.apply_weights(model, resolved)
