@@ -65,6 +65,10 @@ def check_references(config: dict, source: str = "config") -> None:
     config, so a typo stops the run before any job (a wrong ``init_from`` otherwise only shows as a missing
     input, or as nothing to do while stale results stay)."""
     pretraining, methods, datasets = (config.get(k) or {} for k in ("pretraining", "methods", "datasets"))
+    for b, f in (config.get("features") or {}).items():
+        if f.get("shortcut") == "avg_down" and f.get("weights") != "random":
+            raise PipelineError(f"{source}: features.{b}: shortcut avg_down needs weights random (the "
+                                f"{f.get('weights')} weights were trained with strided shortcuts)")
     from pipeline import paper_numbers as pn
     from pipeline.models import lookup
 

@@ -47,6 +47,9 @@ def test_unknown_key_is_named_with_its_place():
     # contrasts compare two rows of the table
     (lambda c: c["tables"]["birds_to_words"].update(contrasts=[["idc_pcl_cub_nabirds", "duda"]]),
      r"tables\.birds_to_words\.contrasts: 'duda' is not one of tables\.birds_to_words\.methods"),
+    # ResNet-D shortcuts are for the random stand-in only
+    (lambda c: c["features"]["resnet101_layer4"].update(weights="imagenet"),
+     r"features\.resnet101_layer4: shortcut avg_down needs weights random"),
 ])
 def test_references_between_blocks_are_checked(edit, message):
     cfg = yaml.safe_load((ROOT / ".test/config/config.yaml").read_text())
