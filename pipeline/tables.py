@@ -44,6 +44,7 @@ import numpy as np
 
 from pipeline import paper_numbers as pn
 from pipeline.errors import PipelineError
+from pipeline.plots import metric_name
 from pipeline.utils.io import atomic_path, read_json
 
 DATASET_NAMES = {
@@ -608,24 +609,20 @@ def contrast(rows: list[dict], groups: list[Group], dataset: str, method: str, b
     pm, pb = pn.lookup(dataset, "total", method), pn.lookup(dataset, "total", base)
     paper = {c: pm.value(c) - pb.value(c) for c in metrics
              if pm and pb and pm.value(c) is not None and pb.value(c) is not None}
-    helps = None
-    if len(here) == len(metrics) and all(v > 0 for v in here.values()):
-        helps = True
-    elif len(here) == len(metrics) and all(v < 0 for v in here.values()):
-        helps = False
+    complete = len(here) == len(metrics)
+    ups = {v > 0 for v in here.values()}
+    helps = ups.pop() if complete and len(ups) == 1 and 0 not in here.values() else None
     fmt = lambda d: ", ".join(f"{c} {v:+.1f}" for c, v in d.items())  # noqa: E731
     text = f"{method} vs {base}: here {fmt(here)}"
     vals = {m: _selected_val(g) for g in groups for m in (method, base) if g.method == m and g.kind == "reproduced"}
     if vals.get(method) and vals.get(base) and vals[method][0] == vals[base][0]:
-        from pipeline.plots import metric_name
-
-        name = metric_name(vals[method][0])
-        text += f" (validation {name} at the selected step {100 * vals[base][1]:.1f} -> {100 * vals[method][1]:.1f})"
+        text += f" (validation {metric_name(vals[method][0])} at the selected step {100 * vals[base][1]:.1f} -> {100 * vals[method][1]:.1f})"
     if paper:
         text += f"; paper ({pm.source}) {fmt(paper)}"
-    if len(here) == len(metrics):
+    if complete:
+        mixed = ", ".join(f"{c} {'up' if v > 0 else 'down'}" for c, v in here.items())
         text += {True: " — helps here (every metric up)", False: " — does not help here (every metric down)",
-                 None: " — mixed here (" + ", ".join(f"{c} {'up' if v > 0 else 'down'}" for c, v in here.items()) + ")"}[helps]
+                 None: f" — mixed here ({mixed})"}[helps]
     out.update(here=here, paper=paper, paper_source=pm.source if paper else None, helps=helps, statement=text)
     return out
 
