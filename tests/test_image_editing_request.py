@@ -69,13 +69,14 @@ def test_one_record_per_entry_in_the_official_split(tmp_path):
     # the repeated valid/test pair is kept in both splits and reported once, naming both files and its uid
     assert (by["Reddit_9"]["before"], by["Reddit_9"]["after"]) == (by["Reddit_8"]["before"], by["Reddit_8"]["after"])
     assert len(warnings) == 1
-    assert "1 pair(s) of" in warnings[0] and "test.json repeat an (img0, img1) pair of" in warnings[0]
+    assert "1 distinct pair(s) (1 entries) of" in warnings[0]
+    assert "test.json repeat an (img0, img1) pair of" in warnings[0]
     assert "valid.json" in warnings[0] and "uid Reddit_9" in warnings[0]
 
 
 def test_without_a_warning_list_the_repeats_are_printed(tmp_path, capsys):
     ier.parse(make_tree(tmp_path), source="synthetic")
-    assert capsys.readouterr().out.count("Image Editing Request: 1 pair(s) of") == 1
+    assert capsys.readouterr().out.count("Image Editing Request: 1 distinct pair(s)") == 1
 
 
 def test_inspect_counts_pairs_requests_images_and_repeats(tmp_path):
@@ -88,6 +89,20 @@ def test_inspect_counts_pairs_requests_images_and_repeats(tmp_path):
     assert (va["pairs_also_in_test"], te["pairs_also_in_val"], te["pairs_also_in_train"]) == (1, 1, 0)
     assert (va["images_also_in_test"], te["images_also_in_val"], tr["images_also_in_val"]) == (3, 3, 0)
     assert te["types"] == {"change": 3} and report["n_warnings"] == 1
+
+
+def test_shared_pairs_are_counted_distinct_and_as_entries(tmp_path):
+    # the release lists some shared pairs twice in test: 55 distinct valid/test pairs, 58 / 66 entries
+    entries = {s: list(es) for s, es in ENTRIES.items()}
+    entries["test"].append({**ENTRIES["test"][0], "uid": "Reddit_10"})
+    make_tree(tmp_path, entries)
+    warnings = []
+    ier.parse(tmp_path / "data", source="synthetic", warnings=warnings)
+    assert any("1 distinct pair(s) (2 entries) of" in w and "uid Reddit_9, Reddit_10" in w for w in warnings)
+    te, va = (inspect_tree("image_editing_request", tmp_path, source="synthetic")["splits"][s]
+              for s in ("test", "val"))
+    assert (te["pairs"], te["distinct_pairs"], te["pairs_also_in_val"], te["entries_also_in_val"]) == (4, 3, 1, 2)
+    assert (va["pairs_also_in_test"], va["entries_also_in_test"]) == (1, 1)
 
 
 def test_inspect_cli_prints_the_counts(tmp_path):
@@ -200,6 +215,7 @@ def release(tmp_path, monkeypatch):
         "train": {"pairs": 2, "requests": 2, "distinct_images": 4},
         "valid": {"pairs": 2, "requests": 6, "distinct_images": 4},
         "test": {"pairs": 3, "requests": 9, "distinct_images": 6}})
+    monkeypatch.setattr(ier, "OFFICIAL_SHARED_PAIRS", {("valid", "test"): 1})
     return src
 
 
@@ -208,6 +224,7 @@ def test_fetch_downloads_extracts_and_verifies(release, tmp_path, monkeypatch):
     rep = _run(root, no_download=False)
     assert rep["dataset"] == "image_editing_request" and rep["pairs"] == 7 and "warning" not in rep
     assert rep["counts"]["test"]["pairs_also_in_val"] == 1 and len(rep["parser_warnings"]) == 1
+    assert rep["shared_pairs"] == {"valid/test": 1}
     got = sorted(p.name for p in (root / "data" / "images").iterdir())
     assert got == sorted(p.name for p in (release / "data" / "images").iterdir())
     assert sorted(p.name for p in (root / "data").iterdir()) == ["images", "test.json", "train.json", "valid.json"]

@@ -382,8 +382,11 @@ def verify_image_editing_request(data: Path) -> dict:
     report = {"json_sha256": dict(ier.OFFICIAL_SHA256), "counts": counts, "pairs": len(records),
               "parser_warnings": warnings}
     got = {s: {k: counts[ier.SPLITS[s]][k] for k in c} for s, c in ier.OFFICIAL_COUNTS.items()}
-    if got != ier.OFFICIAL_COUNTS:
-        report["warning"] = f"counts differ from the release's {ier.OFFICIAL_COUNTS}"
+    shared = {(a, b): counts[ier.SPLITS[b]][f"pairs_also_in_{ier.SPLITS[a]}"] for a, b in ier.OFFICIAL_SHARED_PAIRS}
+    report["shared_pairs"] = {f"{a}/{b}": n for (a, b), n in shared.items()}
+    if got != ier.OFFICIAL_COUNTS or shared != ier.OFFICIAL_SHARED_PAIRS:
+        report["warning"] = (f"counts differ from the release's {ier.OFFICIAL_COUNTS} and "
+                             f"{ier.OFFICIAL_SHARED_PAIRS} distinct pairs shared")
     return report
 
 

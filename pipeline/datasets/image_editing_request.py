@@ -108,7 +108,8 @@ def read_splits(data_dir: str | Path, source: str) -> dict[str, list[dict]]:
 
 def shared_pairs(splits: dict[str, list[dict]]) -> dict[tuple[str, str], list[str]]:
     """For each two release splits (in SPLITS order), the uids (of the later split) whose ``(img0, img1)``
-    also occurs in the earlier one."""
+    also occurs in the earlier one. These count entries: a pair listed twice in a split counts twice (the
+    release's valid/test overlap is 55 distinct pairs, 66 test entries)."""
     pairs = {s: {(e["img0"], e["img1"]) for e in es} for s, es in splits.items()}
     names = list(splits)
     return {(a, b): [e["uid"] for e in splits[b] if (e["img0"], e["img1"]) in pairs[a]]
@@ -116,21 +117,25 @@ def shared_pairs(splits: dict[str, list[dict]]) -> dict[tuple[str, str], list[st
 
 
 def source_counts(data_dir: str | Path, source: str) -> dict[str, dict[str, int]]:
-    """Per split (manifest names): ``pairs`` (entries), ``requests`` (all of them), ``distinct_images``,
-    ``requests_without_word``, and for every other split ``pairs_also_in_<split>`` (identical ``(img0,
-    img1)``) and ``images_also_in_<split>`` (files shared). The ``inspect`` stage adds these to its summary."""
+    """Per split (manifest names): ``pairs`` (entries), ``distinct_pairs`` (distinct ``(img0, img1)``),
+    ``requests`` (all of them), ``distinct_images``, ``requests_without_word``, and for every other split
+    ``pairs_also_in_<split>`` (distinct ``(img0, img1)`` pairs both splits hold: 55 for valid/test in the
+    release), ``entries_also_in_<split>`` (this split's entries whose pair the other holds: 58 valid / 66
+    test) and ``images_also_in_<split>`` (files shared). The ``inspect`` stage adds these to its summary."""
     splits = read_splits(data_dir, source)
     images = {s: {e[k] for e in es for k in ("img0", "img1")} for s, es in splits.items()}
     pairs = {s: {(e["img0"], e["img1"]) for e in es} for s, es in splits.items()}
     out = {}
     for split, entries in splits.items():
         sents = [x for e in entries for x in e["sents"]]
-        counts = {"pairs": len(entries), "requests": len(sents), "distinct_images": len(images[split]),
+        counts = {"pairs": len(entries), "distinct_pairs": len(pairs[split]), "requests": len(sents),
+                  "distinct_images": len(images[split]),
                   "requests_without_word": sum(not has_word(x) for x in sents)}
         for other in splits:
             if other != split:
-                counts[f"pairs_also_in_{SPLITS[other]}"] = sum((e["img0"], e["img1"]) in pairs[other]
-                                                              for e in entries)
+                counts[f"pairs_also_in_{SPLITS[other]}"] = len(pairs[split] & pairs[other])
+                counts[f"entries_also_in_{SPLITS[other]}"] = sum((e["img0"], e["img1"]) in pairs[other]
+                                                                for e in entries)
                 counts[f"images_also_in_{SPLITS[other]}"] = len(images[split] & images[other])
         out[SPLITS[split]] = counts
     return out
@@ -182,7 +187,9 @@ def parse(data_dir: str | Path, source: str, generator_seed: int | None = None, 
                          f"{SPLITS[split]}/<uid>: {', '.join(renamed[:5])}{' ...' if len(renamed) > 5 else ''}")
     for (a, b), uids in shared_pairs(splits).items():
         if uids:
-            local.append(f"{len(uids)} pair(s) of {json_path(data_dir, b)} repeat an (img0, img1) pair of "
+            distinct = len({(e["img0"], e["img1"]) for e in splits[b] if e["uid"] in set(uids)})
+            local.append(f"{distinct} distinct pair(s) ({len(uids)} entries) of {json_path(data_dir, b)} repeat "
+                         f"an (img0, img1) pair of "
                          f"{json_path(data_dir, a)}, kept in both splits as released (uid "
                          f"{', '.join(uids[:5])}{' ...' if len(uids) > 5 else ''})")
     report(local, warnings, "Image Editing Request")
