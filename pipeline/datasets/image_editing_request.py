@@ -187,7 +187,8 @@ def parse(data_dir: str | Path, source: str, generator_seed: int | None = None, 
                          f"{SPLITS[split]}/<uid>: {', '.join(renamed[:5])}{' ...' if len(renamed) > 5 else ''}")
     for (a, b), uids in shared_pairs(splits).items():
         if uids:
-            distinct = len({(e["img0"], e["img1"]) for e in splits[b] if e["uid"] in set(uids)})
+            ids = set(uids)
+            distinct = len({(e["img0"], e["img1"]) for e in splits[b] if e["uid"] in ids})
             local.append(f"{distinct} distinct pair(s) ({len(uids)} entries) of {json_path(data_dir, b)} repeat "
                          f"an (img0, img1) pair of "
                          f"{json_path(data_dir, a)}, kept in both splits as released (uid "
