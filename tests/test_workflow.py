@@ -282,12 +282,15 @@ def test_image_editing_request_table_through_the_generic_rules(workdir):
     assert (paper.loc["dirl_ccr", "CIDEr"], paper.loc["dirl_ccr", "source"]) == ("34.1", "dirl-ccr-eccv2024.md Table 5")
     assert (paper.loc["clip4idc", "CIDEr"], paper.loc["clip4idc", "source"]) == ("32.2", "clip4idc-aacl2022.md Table 4")
     assert paper.loc["scorer_cbr", "source"] == "scorer-cbr-iccv2023.md Table 4 (SPICE: Table 11)"
-    weights = {"scorer_cbr": {"sim_weight": 0.003, "cbr_weight": 0.06}, "dirl_ccr": {"dirl_weight": 0.001}}
+    weights = {"scorer_cbr": {"sim_weight": 0.003, "cbr_weight": 0.06}, "dirl_ccr": {"dirl_weight": 0.001},
+               "clip4idc": {"encoder_lr_mult": 1.0e-3}}  # the paper's encoder/captioner ratio, IER only
     for m, want in weights.items():
         assert {k: runs[m]["config"]["model"][k] for k in want} == want
     # the same methods on CLEVR-Change keep their own weights
     assert json.loads((workdir / "results/clevr_change/scorer_cbr/seed0/run.json").read_text())["config"]["model"][
         "sim_weight"] == 0.1
+    assert json.loads((workdir / "results/clevr_change/clip4idc/seed0/run.json").read_text())["config"]["model"][
+        "encoder_lr_mult"] == 1.0
     r = pd.read_csv(workdir / "results/tables/image_editing_request_retrieval.csv", dtype=str,
                     keep_default_na=False).set_index("kind")
     assert r.loc["reproduced", "method"] == r.loc["paper", "method"] == "clip4idc_adapt"
