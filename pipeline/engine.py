@@ -1,7 +1,7 @@
 """The training engine: optimisation steps, periodic validation, checkpoint selection, resumption.
 
 No file formats here beyond the checkpoint: data comes from a ``batch(step)`` callable and validation
-from a ``validate(model) -> (score, extra)`` callable, so every method trains through the same loop.
+from a ``validate(model) -> (score, extra[, eligible])`` callable, so every method trains through the same loop.
 
 Resumption: every ``val_every`` steps the full state (model, optimiser, scheduler, RNG, step, best
 score, history, and the selected weights themselves) is saved to ``resume.pt``; a restarted run with the
@@ -243,7 +243,7 @@ def train(model: torch.nn.Module, batch: Callable[[int], dict], validate: Callab
                            **getattr(model, "optimizer_options", {}))
     steps_per_epoch = n_train / cfg.batch_size
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg, steps_per_epoch))
-    state = {"step": 0, "best_score": -math.inf, "best_step": None, "history": []}
+    state = {"step": 0, "best_score": -math.inf, "best_step": None, "best_eligible": False, "history": []}
     best = None  # the selected checkpoint's content (weights cloned): kept in resume.pt too
     notes = []
     ck = None
@@ -303,18 +303,21 @@ def train(model: torch.nn.Module, batch: Callable[[int], dict], validate: Callab
         if state["step"] % cfg.val_every == 0 or state["step"] == cfg.iterations:
             model.eval()
             train_means = means.means()
-            score, extra = None, None
+            score, extra, eligible = None, None, True
             if main:
                 with ddp.alone():
-                    score, extra = validate(model)
-            score = ddp.broadcast(score)
+                    score, extra, *rest = validate(model)
+                    eligible = bool(rest[0]) if rest else True
+            score, eligible = ddp.broadcast((score, eligible))
             state["elapsed_s"] = elapsed0 + (time.time() - t0)
             rec = {"step": state["step"], **train_means, "lr": sched.get_last_lr()[0],
-                   "val_score": score, "elapsed_s": round(state["elapsed_s"], 1)}
+                   "val_score": score, **({} if eligible else {"eligible": False}),
+                   "elapsed_s": round(state["elapsed_s"], 1)}
             state["history"].append(rec)
             log(rec)
-            if score > state["best_score"]:
-                state["best_score"], state["best_step"] = score, state["step"]
+            # (eligible, score) order: an eligible checkpoint beats any ineligible one (train.select_min_distinct)
+            if (eligible, score) > (state.get("best_eligible", True), state["best_score"]):
+                state["best_score"], state["best_step"], state["best_eligible"] = score, state["step"], eligible
                 if main:
                     # A copy on the CPU: training goes on changing the live tensors.
                     best = {"model": {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()},

@@ -255,3 +255,31 @@ def test_bf16_training_on_cpu_follows_fp32():
     fp32, bf16 = curves["fp32"], curves["bf16"]
     assert abs(bf16[0] - fp32[0]) < 0.02 * fp32[0]  # same start, up to bf16 rounding
     assert bf16[-1] < 0.8 * bf16[0] and abs(bf16[-1] - fp32[-1]) < 0.1 * fp32[-1]
+
+
+def _select(tmp, verdicts):
+    """Train 20 steps validating every 5 with scripted (score, eligible) verdicts; the selected step."""
+    torch.manual_seed(0)
+    model = DUDA(vocab_size=12, feat_dim=16, att_hidden=32, embed_dim=8, hidden=16, dropout=0.3)
+    it = iter(verdicts)
+
+    def validate(m):
+        score, eligible = next(it)
+        return score, None, eligible
+
+    cfg = TrainConfig(iterations=20, lr=1e-2, batch_size=4, val_every=5)
+    s = train(model, batch_fn, validate, cfg, tmp, n_train=16, device=torch.device("cpu"),
+              identity={"test": 2}, log=lambda r: None)
+    return s["best_step"], [h.get("eligible", True) for h in s["history"]]
+
+
+def test_an_eligible_checkpoint_beats_a_higher_scoring_ineligible_one(tmp_path):
+    # steps 5..20: the generic checkpoint at step 10 scores highest, but only 15 and 20 are eligible
+    step, logged = _select(tmp_path / "a", [(0.40, False), (0.50, False), (0.45, True), (0.44, True)])
+    assert step == 15 and logged == [False, False, True, True]
+    # every checkpoint ineligible: the best-scoring one is still selected (a run always yields a checkpoint)
+    step, _ = _select(tmp_path / "b", [(0.40, False), (0.50, False), (0.45, False), (0.44, False)])
+    assert step == 10
+    # the plain rule without the third value: highest score
+    step, _ = _select(tmp_path / "c", [(0.40, True), (0.50, True), (0.45, True), (0.44, True)])
+    assert step == 10
