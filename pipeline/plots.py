@@ -251,6 +251,7 @@ def table_figure(table: str, runs: dict[str, list[Run]], sanity: dict[str, float
     """Validation score (the runs' selection metric: CIDEr-D, or ROUGE-L on Birds-to-Words) of every method of a
     table, with the sanity rows as horizontal reference lines."""
     plt = _pyplot()
+    from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
     score_name = metric_name(table_metric(runs))
     fig, (ax_step, ax_frac) = plt.subplots(1, 2, figsize=(13, 4.8))
     for i, (method, rs) in enumerate(runs.items()):
@@ -274,6 +275,10 @@ def table_figure(table: str, runs: dict[str, list[Run]], sanity: dict[str, float
             ax.axhline(cider, color="black", ls=LINESTYLES[(k + 1) % len(LINESTYLES)], lw=1.0,
                        label=f"sanity: {name} ({cider:.1f})")
     ax_step.set_xscale("log")
+    # plain step numbers at 1-2-5 ticks: the default minor labels (3x10^2, 4x10^2, ...) overlap
+    ax_step.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax_step.xaxis.set_major_formatter(FormatStrFormatter("%d"))
+    ax_step.xaxis.set_minor_formatter(NullFormatter())
     ax_step.set_xlabel("step (log scale)")
     ax_frac.set_xlabel("fraction of the run's training steps")
     for ax in (ax_step, ax_frac):
