@@ -280,6 +280,6 @@ def test_an_eligible_checkpoint_beats_a_higher_scoring_ineligible_one(tmp_path):
     # every checkpoint ineligible: the best-scoring one is still selected (a run always yields a checkpoint)
     step, _ = _select(tmp_path / "b", [(0.40, False), (0.50, False), (0.45, False), (0.44, False)])
     assert step == 10
-    # the plain rule without the third value: highest score
+    # every checkpoint eligible: the highest score, as without the rule
     step, _ = _select(tmp_path / "c", [(0.40, True), (0.50, True), (0.45, True), (0.44, True)])
     assert step == 10
