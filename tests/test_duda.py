@@ -114,3 +114,25 @@ def test_pool_and_mean_reduce_are_the_stated_rescalings():
     m_mean.load_state_dict(m_sum.state_dict())
     batch = small_batch()
     assert abs(m_mean.training_loss(batch)[1]["att_l1"] - m_sum.training_loss(batch)[1]["att_l1"] / 16) < 1e-5
+
+
+def test_diff_prior_opens_the_dynamic_attention_on_l_diff_and_zero_is_the_official_init():
+    # diff_prior only shifts the initial logit of l_diff: every other parameter, and with 0 the whole model, is
+    # the seed's official initialisation; at +6 the speaker starts reading l_aft - l_bef (alpha_diff > 0.99).
+    torch.manual_seed(0)
+    base = tiny()
+    torch.manual_seed(0)
+    same = tiny(diff_prior=0.0)
+    torch.manual_seed(0)
+    prior = tiny(diff_prior=6.0)
+    for (n, a), b, c in zip(base.state_dict().items(), same.state_dict().values(), prior.state_dict().values()):
+        assert torch.equal(a, b), n
+        if n != "speaker.dyn_att.2.bias":
+            assert torch.equal(a, c), n
+    torch.testing.assert_close(prior.speaker.dyn_att[2].bias - base.speaker.dyn_att[2].bias, torch.tensor([0.0, 6.0, 0.0]))
+    batch = small_batch()
+    for m, lo, hi in ((prior.eval(), 0.99, 1.0), (base.eval(), 0.0, 0.9)):
+        with torch.no_grad():
+            l_bef, l_aft, l_diff, _, _ = m.detector(batch["before"], [batch["after"]])[0]
+            _, alphas = m.speaker(l_bef, l_diff, l_aft, batch["labels"])
+        assert lo <= alphas[:, 0, 1].min().item() and alphas[:, 0, 1].max().item() <= hi

@@ -15,6 +15,9 @@ pair (a ``no_change`` pair is one of them) − λ_ent · H; nothing else needs a
 Input features get two coordinate channels in [-1, 1] (the official ``AddSpatialInfo``): 1024 → 1026,
 handled analytically in ``ChangeDetector`` rather than by concatenation.
 The official 6-way change-type classifier is omitted: its loss is never used in the released code.
+``diff_prior`` (0 = the official init) adds to the dynamic attention's initial logit for l_diff: with uniform
+weights the caption LSTM reads (l_bef + l_diff + l_aft)/3 = 2/3·l_aft, with no trace of the before image, and
+which input the random init favours decides whether a run ever reads the difference (config/config.yaml, duda).
 """
 
 from __future__ import annotations
@@ -107,7 +110,7 @@ class DynamicSpeaker(nn.Module):
     """
 
     def __init__(self, feat_dim: int, vocab_size: int, embed_dim: int = 300, hidden: int = 512,
-                 att_hidden: int = 512, dropout: float = 0.5):
+                 att_hidden: int = 512, dropout: float = 0.5, diff_prior: float = 0.0):
         super().__init__()
         self.hidden, self.embed_dim = hidden, embed_dim
         self.embed_feats = nn.Sequential(nn.Linear(3 * feat_dim, hidden), nn.ReLU(), nn.Dropout(dropout))
@@ -117,6 +120,8 @@ class DynamicSpeaker(nn.Module):
         self.lang_lstm = nn.LSTMCell(embed_dim + feat_dim, hidden)  # input [E(w); l_dyn]
         self.drop = nn.Dropout(dropout)
         self.logit = nn.Linear(hidden, vocab_size)
+        with torch.no_grad():  # initial logit bias towards l_diff (0: the official init)
+            self.dyn_att[-1].bias[1] += diff_prior
 
     def _prepare(self, l_bef, l_diff, l_aft):
         feats = torch.stack([l_bef, l_diff, l_aft], 1)  # [B, 3, D]
@@ -171,11 +176,11 @@ class DynamicSpeaker(nn.Module):
 class DUDA(CaptionModel):
     def __init__(self, vocab_size: int, feat_dim: int = 1024, att_hidden: int = 128, embed_dim: int = 300,
                  hidden: int = 512, dropout: float = 0.5, l1_weight: float = 2.5e-3, entropy_weight: float = 0.0,
-                 pool: int | None = None, reduce: str = "sum"):
+                 pool: int | None = None, reduce: str = "sum", diff_prior: float = 0.0):
         super().__init__()
         d = feat_dim + 2
         self.detector = ChangeDetector(d, att_hidden, dropout=dropout, pool=pool, reduce=reduce)
-        self.speaker = DynamicSpeaker(d, vocab_size, embed_dim, hidden, dropout=dropout)
+        self.speaker = DynamicSpeaker(d, vocab_size, embed_dim, hidden, dropout=dropout, diff_prior=diff_prior)
         self.l1_weight = l1_weight
         self.entropy_weight = entropy_weight
 
