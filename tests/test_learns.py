@@ -18,7 +18,7 @@ the_after_image`` pins that the checks do fail for such a model.
 
 IDC-PCL without its difference encoder or without distractor judging is a strict xfail: fine-tuned from scratch
 (no pre-training) it learns the word order but not to read the change within a test-sized budget, where the
-full model does. Whole file: ~50 CPU-seconds on one thread.
+full model does. Whole file: ~3 CPU-minutes on one thread.
 """
 
 from __future__ import annotations
@@ -60,9 +60,12 @@ AUX = dict(primary_model=DUDA, embed_dim=32, word_dim=32, img_hidden=32, text_dr
 
 # method -> (model overrides, input kind, Adam steps, lr)
 CASES = {
-    "duda": (DUDA, "grid", 300, 3e-3),
+    # DUDA: 500 steps and the auxiliary scheme 700: at 300 the fit passed on this batch but not on other
+    # draws of it (data seed 2 for DUDA; the CI machine's arithmetic for DUDA+TIRG easy); at 500/700 data
+    # seeds 0-4 all pass.
+    "duda": (DUDA, "grid", 500, 3e-3),
     "duda_aux": (AUX, "grid", 700, 3e-3),
-    "duda_aux_easy": (AUX, "grid", 300, 3e-3),
+    "duda_aux_easy": (AUX, "grid", 700, 3e-3),
     # IDC-PCL: 600 steps, since its learned image positions (config: img_positions learned) start at std 0.02
     # and this batch's changes are told apart by their cell (300 suffice with the paper's fixed sinusoids).
     "idc_pcl": (IDC_PCL, "grid", 600, 1e-3),
