@@ -85,6 +85,21 @@ def test_dataset_overrides_merge_over_the_method_block():
     assert merge({"a": {"b": 1, "c": 2}, "d": [1]}, {"a": {"b": 3}, "d": [2]}) == {"a": {"b": 3, "c": 2}, "d": [2]}
 
 
+def test_the_tiny_configuration_keeps_every_run_tiny_over_the_default():
+    # tests/test_workflow.py passes .test/config/config.yaml with --configfile, which Snakemake merges over
+    # config/config.yaml: a default budget the tiny file does not reset reaches the end-to-end test (CLEVR-Change's
+    # 1800-step DIRL+CCR override once did, at validation every 2 steps).
+    default = yaml.safe_load((ROOT / "config/config.yaml").read_text())
+    tiny = yaml.safe_load((ROOT / ".test/config/config.yaml").read_text())
+    cfg = merge(default, tiny)
+    runs = [n for section in ("methods", "pretraining") for n in tiny.get(section, {})]
+    budgets = {(d, n): run_config(cfg, d, n)["train"]["iterations"] for d in tiny["datasets"] for n in runs}
+    assert max(budgets.values()) <= 20, {k: v for k, v in budgets.items() if v > 20}
+    # the check itself sees a default override that leaks
+    default["datasets"]["clevr_change"].setdefault("overrides", {})["scorer"] = {"train": {"iterations": 900}}
+    assert run_config(merge(default, tiny), "clevr_change", "scorer")["train"]["iterations"] == 900
+
+
 @pytest.mark.parametrize("override, message", [
     ({"dirll": {"train": {"lr": 1.0}}}, r"datasets\.clevr_dc\.overrides: 'dirll' is neither under methods nor under pretraining"),
     ({"dirl": {"train": {"learning_rate": 1.0}}},
