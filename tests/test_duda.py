@@ -92,6 +92,18 @@ def test_training_loss_equals_the_official_formulation():
     torch.testing.assert_close(m.training_loss(batch)[0], reference.training_loss(m, batch), rtol=1e-5, atol=1e-6)
 
 
+def test_gradients_equal_the_official_formulation():
+    # The speaker's restructured backward (projections once per sequence, the h_lang weight sliced once, the
+    # word projections unbound once) must give the plain LSTMCell computation's gradients, parameter by parameter.
+    torch.manual_seed(0)
+    m = tiny(l1_weight=0.01).eval()
+    batch = small_batch()
+    got = torch.autograd.grad(m.training_loss(batch)[0], list(m.parameters()))
+    want = torch.autograd.grad(reference.training_loss(m, batch), list(m.parameters()))
+    for (name, _), g, w in zip(m.named_parameters(), got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6, msg=name)
+
+
 def test_pool_and_mean_reduce_are_the_stated_rescalings():
     """pool: the detector sees the average-pooled grid; reduce=mean: the attended features (and the L1 term)
     are the summed ones divided by the number of cells, with the same maps."""
