@@ -283,3 +283,30 @@ def test_an_eligible_checkpoint_beats_a_higher_scoring_ineligible_one(tmp_path):
     # every checkpoint eligible: the highest score, as without the rule
     step, _ = _select(tmp_path / "c", [(0.40, True), (0.50, True), (0.45, True), (0.44, True)])
     assert step == 10
+
+
+
+SEEDED = """
+import sys, torch
+from pipeline.utils.seed import seed_everything
+seed_everything(0)
+print(torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+      "torch._inductor.config" in sys.modules)
+"""
+
+
+def test_seeding_sets_deterministic_algorithms_without_loading_inductor():
+    """Every job seeds: the deterministic flag (warn-only) is on, as torch.use_deterministic_algorithms sets it, but
+    without importing torch._inductor (seconds of CPU per job); where inductor is loaded its flag is set too."""
+    import subprocess
+    import sys
+
+    import torch._inductor.config as inductor
+
+    from pipeline.utils.seed import seed_everything
+
+    out = subprocess.run([sys.executable, "-c", SEEDED], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["True", "True", "False"]  # a fresh process, as a job
+    inductor.deterministic = False
+    seed_everything(0)
+    assert inductor.deterministic and torch.are_deterministic_algorithms_enabled()

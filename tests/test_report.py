@@ -65,8 +65,8 @@ def test_attention_maps_are_the_model_s_own(method):
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    wd = tmp_path_factory.mktemp("report")
+def built(tiny_dag):
+    wd = tiny_dag  # the Spot-the-Diff runs that tests/test_workflow.py's table uses too
     smk(wd, ITEMS)
     smk(wd, "--report", str(wd / "report.html"), ITEMS)
     smk(wd, "--report", str(wd / "report.zip"), ITEMS)

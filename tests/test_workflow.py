@@ -38,10 +38,9 @@ def planned_rules(p) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    wd = tmp_path_factory.mktemp("dag")
-    smk(wd, TABLE)
-    return wd
+def workdir(tiny_dag):
+    smk(tiny_dag, TABLE)
+    return tiny_dag
 
 
 def test_dag_writes_the_table_with_reproduced_sanity_and_paper_rows(workdir):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 
 import numpy as np
 import torch
@@ -14,8 +15,13 @@ def seed_everything(seed: int) -> None:
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
     os.environ.setdefault("PYTHONHASHSEED", str(seed))
-    # Same config and seed on CPU must give identical outputs.
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    # Same config and seed on CPU must give identical outputs. The flag is set as torch.use_deterministic_algorithms
+    # sets it, without the import of torch._inductor.config that function does for compiled code (~3 s of CPU in
+    # every job with torch 2.13; nothing here compiles): inductor's flag too where something loaded it.
+    torch._C._set_deterministic_algorithms(True, warn_only=True)
+    inductor = sys.modules.get("torch._inductor.config")
+    if inductor is not None:
+        inductor.deterministic = True
 
 
 def pick_device(name: str = "auto") -> torch.device:
