@@ -285,7 +285,6 @@ def test_an_eligible_checkpoint_beats_a_higher_scoring_ineligible_one(tmp_path):
     assert step == 10
 
 
-
 SEEDED = """
 import sys, torch
 from pipeline.utils.seed import seed_everything

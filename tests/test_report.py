@@ -66,7 +66,8 @@ def test_attention_maps_are_the_model_s_own(method):
 
 @pytest.fixture(scope="module")
 def built(tiny_dag):
-    wd = tiny_dag  # the Spot-the-Diff runs that tests/test_workflow.py's table uses too
+    """The report in the tiny DAG's folder: its Spot-the-Diff runs are those tests/test_workflow.py's table uses."""
+    wd = tiny_dag
     smk(wd, ITEMS)
     smk(wd, "--report", str(wd / "report.html"), ITEMS)
     smk(wd, "--report", str(wd / "report.zip"), ITEMS)
