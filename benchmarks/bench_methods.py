@@ -4,7 +4,8 @@ plateau and the whole job's time per stage, side by side.
 - Step time: the method's model built from its ``model:`` block (config/config.yaml by default), one
   training step (forward, loss, backward, Adam step as ``pipeline.engine`` builds it, under the engine's
   autocast for ``train.precision``) on a random batch of the method's ``train.batch_size`` with the right
-  shapes (``benchmarks/batches.py``: ResNet layer3 1024×14×14, layer4 2048×7×7, CLIP pixels 3×224×224),
+  shapes (``benchmarks/batches.py``: ResNet layer3 1024×14×14 or as ``features.<backbone>.pool`` stores it, layer4
+  2048×7×7, CLIP pixels 3×224×224),
   median after one warm-up, wall and process CPU time. The reference is a DUDA step at the ``duda`` block's
   sizes measured in the same run, before and after the others (its drift is printed): ``x DUDA`` is each
   method's step time over the mean of the two.
@@ -37,6 +38,7 @@ from pipeline.models import build_model
 
 ROOT = Path(__file__).resolve().parent.parent
 VOCAB = 80  # CLEVR-Change vocabulary (76) + the special tokens
+# The backbones' grids at 224 px; main() applies the configuration's stored pooling.
 SHAPES = {"resnet101_layer3": (1024, 14, 14), "resnet101_layer4": (2048, 7, 7), "clip_pixels224": (3, 224, 224)}
 PLATEAU = 0.01  # within 1 % of the best validation score
 
@@ -131,6 +133,10 @@ def main():
         torch.set_num_threads(a.threads)
     device = torch.device(a.device)
     cfg = yaml.safe_load(Path(a.config).read_text())
+    for backbone, settings in cfg.get("features", {}).items():  # a grid stored pooled (features.<backbone>.pool)
+        pool = settings.get("pool") or 0
+        if backbone in SHAPES and 0 < pool < SHAPES[backbone][1]:
+            SHAPES[backbone] = (SHAPES[backbone][0], pool, pool)
     table = cfg["tables"][a.table]
     dataset = table.get("dataset", a.table)
     methods = a.methods or table["methods"]

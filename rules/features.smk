@@ -9,6 +9,7 @@ rule extract_features:
         root=lambda w: raw_root(w.dataset),
         cfg=lambda w: sorted_cfg(config["features"][w.backbone]),
         shortcut=lambda w: config["features"][w.backbone].get("shortcut", "strided"),
+        pool=lambda w: config["features"][w.backbone].get("pool", 0),
     # All the machine's cores: Snakemake scales a rule's threads down to --cores. A constant, not workflow.cores,
     # which is undefined (an error) where no --cores is given: `snakemake --report`, cluster profiles.
     threads: 64
@@ -21,7 +22,7 @@ rule extract_features:
         "logs/benchmarks/{dataset}/features_{backbone}.tsv"
     shell:
         "python -m pipeline extract-features --manifest {input.manifest} --raw-dir {params.root}/data "
-        "--backbone {wildcards.backbone} --weights {params.cfg[weights]} --shortcut {params.shortcut} "
+        "--backbone {wildcards.backbone} --weights {params.cfg[weights]} --shortcut {params.shortcut} --pool {params.pool} "
         "--weights-dir resources/weights "
         "--batch-size {params.cfg[batch_size]} --dtype {params.cfg[dtype]} --image-size {params.cfg[image_size]} "
         "--mean {params.cfg[mean]} --std {params.cfg[std]} --seed {params.cfg[seed]} "

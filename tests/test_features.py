@@ -579,3 +579,34 @@ def test_avg_down_is_refused_with_trained_weights(tmp_path, capsys):
                  "--out", str(out)]) == 0
     with FeatureStore(out) as store:
         assert "avg-down shortcuts" in store.attrs["weights"] and store.shape == (2048, 2, 2)
+
+
+def test_pool_stores_the_grid_average_pooled(tmp_path, capsys):
+    """``--pool 2`` on a 4x4 grid stores each 2x2 block's mean (what the models' own ``pool`` computed at every
+    step), says so in the attributes, and is the unpooled file's features pooled, up to float16 rounding; a pool
+    that does not divide the grid is one clear error and leaves no file."""
+    from pipeline.__main__ import main
+
+    raw = tmp_path / "data"
+    keys = write_pngs(raw, 3)
+    man = tmp_path / "manifest.jsonl"
+    man.write_text(json.dumps({"pair_id": "0", "before": keys[0], "after": keys[1]}) + "\n"
+                   + json.dumps({"pair_id": "1", "before": keys[2]}) + "\n")
+    base = ["extract-features", "--manifest", str(man), "--raw-dir", str(raw), "--weights", "random", "--seed", "1",
+            "--image-size", "64", "--no-progress"]
+    full, pooled, bad = tmp_path / "full.h5", tmp_path / "pooled.h5", tmp_path / "bad.h5"
+    assert main(base + ["--out", str(full)]) == 0
+    assert main(base + ["--pool", "2", "--out", str(pooled)]) == 0
+    with FeatureStore(full) as f, FeatureStore(pooled) as p:
+        assert f.shape == (1024, 4, 4) and p.shape == (1024, 2, 2)
+        assert "grid_pool" not in f.attrs and p.attrs["grid_pool"] == "average-pooled to 2x2"
+        want = torch.nn.functional.avg_pool2d(torch.from_numpy(f.get_many(keys)), 2).numpy()
+        got = p.get_many(keys)
+        np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3 * np.abs(want).max())
+        assert np.abs(got - f.get_many(keys)[:, :, ::2, ::2]).max() > 10 * np.abs(got - want).max()  # not a subsample
+    assert main(base + ["--pool", "4", "--out", str(tmp_path / "same.h5")]) == 0  # not smaller: stored as it is
+    with FeatureStore(tmp_path / "same.h5") as s:
+        assert s.shape == (1024, 4, 4) and "grid_pool" not in s.attrs
+    assert main(base + ["--pool", "3", "--out", str(bad)]) != 0
+    assert "--pool 3 does not divide the 4x4 grid" in capsys.readouterr().err
+    assert not bad.exists() and not Path(str(bad) + ".partial").exists()

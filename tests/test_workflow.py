@@ -340,6 +340,19 @@ def test_feature_extraction_takes_the_cores_it_is_given(tmp_path):
     assert cmd and all("--threads 1 " in line for line in cmd), cmd
 
 
+def test_feature_extraction_stores_the_grid_the_models_read(tmp_path):
+    """The embedded default stores layer3 pooled to the 7x7 its CPU-sized models read, layer4 as it is; the
+    paper configuration stores the papers' 14x14."""
+    for config, want in ((ROOT / "config" / "config.yaml", {"layer3": "--pool 7 ", "layer4": "--pool 0 "}),
+                         (ROOT / "config" / "paper.yaml", {"layer3": "--pool 0 "})):
+        targets = [f"results/clevr_change/features/resnet101_{k}.h5" for k in want]
+        p = smk(tmp_path / config.stem, *targets, "--dry-run", "--printshellcmds", "--replace-workflow-config",
+                config=config)
+        cmd = [line for line in (p.stdout + p.stderr).splitlines() if "extract-features" in line]
+        for layer, flag in want.items():
+            assert [c for c in cmd if f"--backbone resnet101_{layer} " in c and flag in c], (config.name, cmd)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Interruptions through the DAG. A training job is killed at 90 % of its steps, as a user or the machine kills
 # Snakemake (SIGINT: Ctrl-C to the terminal's process group; SIGKILL: the whole group, then `--unlock`); the rerun

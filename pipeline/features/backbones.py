@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+import torch.nn.functional as F
 
 from pipeline.errors import PipelineError
 
@@ -387,10 +388,11 @@ class Extractor:
     """
 
     def __init__(self, model: nn.Module, device: torch.device | str = "cpu", autocast: bool | None = None,
-                 micro_batch: int | None = None, output_scale: float = 1.0):
+                 micro_batch: int | None = None, output_scale: float = 1.0, output_pool: int = 0):
         self.device = torch.device(device)
         self.model = model
         self.output_scale = float(output_scale)  # random backbones only: see pipeline.features.extract
+        self.output_pool = int(output_pool)  # average-pool the grid to this side (0: as it is; extract --pool)
         self.autocast = (self.device.type == "cuda") if autocast is None else autocast
         if micro_batch is None:
             micro_batch = CPU_MICRO_BATCH if self.device.type == "cpu" else 0
@@ -407,7 +409,10 @@ class Extractor:
                 y = forward_features(self.model, x)
         else:
             y = forward_features(self.model, x)
-        y = y.float().contiguous().cpu()
+        y = y.float()
+        if self.output_pool and y.shape[-1] != self.output_pool:
+            y = F.avg_pool2d(y, y.shape[-1] // self.output_pool)
+        y = y.contiguous().cpu()
         return y * self.output_scale if self.output_scale != 1.0 else y
 
     def __call__(self, pixels: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,9 @@
 Image keys are the unique non-empty ``before``/``after`` values of the manifest, sorted; each is a path
 relative to ``--raw-dir``. Every image is read with PIL as RGB, resized to S×S with bicubic interpolation
 (no crop, as DUDA's extractor), scaled to [0, 1] and normalised with ``--mean``/``--std``, then run through
-the backbone (BatchNorm folded, channels_last; bf16 autocast on CUDA).
+the backbone (BatchNorm folded, channels_last; bf16 autocast on CUDA). ``--pool N`` average-pools the grid to
+N×N before it is stored (a CPU-sized configuration's models read a pooled grid: pooling once here, not at every
+training step, and reading a quarter of the bytes; the mean of each 2×2 block, as the models' own pooling).
 
 Output (docs/contracts.md "Features"): ``features`` [N, C, H, W] chunked one item per chunk, ``keys``
 (UTF-8), attributes ``backbone, layer, weights, input_size, mean, std, code_version, dtype, complete``.
@@ -59,6 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shortcut", choices=("strided", "avg_down"), default="strided",
                         help="strided shortcuts (ResNet-101 as released), or avg_down: ResNet-D's 2x2 average pool "
                              "before each strided 1x1 shortcut (weights random only; backbones.avg_down_)")
+    parser.add_argument("--pool", type=int, default=0,
+                        help="average-pool the grid to N×N before storing (0: the backbone's grid as it is; only a "
+                             "larger grid that N divides is pooled)")
     parser.add_argument("--out", required=True, help="output .h5 (results/<dataset>/features/<backbone>.h5)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--dtype", choices=("float16", "float32"), default="float16", help="stored dtype")
@@ -128,14 +133,16 @@ def run(args: argparse.Namespace) -> None:
                                        f"{len(picks)} dataset images, mean scaled to {RANDOM_FEATURE_MEAN})")
     else:
         weights_mod.apply_weights(model, resolved)
-    extractor = backbones.Extractor.from_model(model, device, output_scale=scale)
+    shape = spec.output_shape(args.image_size)
+    pool = pooled_grid(shape, args.pool)
+    extractor = backbones.Extractor.from_model(model, device, output_scale=scale, output_pool=pool)
     del model
 
     settings = FeatureSettings(
         backbone=spec.id, layer=spec.layer, weights=resolved.identity, weights_name=_weights_name(args.weights),
         input_size=args.image_size, mean=tuple(float(v) for v in args.mean),
         std=tuple(float(v) for v in args.std), dtype=args.dtype,
-        shape=spec.output_shape(args.image_size))
+        shape=(shape[0], pool, pool) if pool else shape, pool=pool)
     print(f"extract-features: {len(keys)} images, {spec.id} {settings.shape}, weights {resolved.identity}, "
           f"device {device}, batch {args.batch_size}, {threads} threads, {workers} decode workers", flush=True)
     t0 = time.perf_counter()
@@ -143,6 +150,19 @@ def run(args: argparse.Namespace) -> None:
                     progress=not args.no_progress)
     dt = time.perf_counter() - t0
     print(f"wrote {args.out} ({len(keys)} images, {dt:.1f} s)", flush=True)
+
+
+def pooled_grid(shape: Sequence[int], pool: int) -> int:
+    """The grid side ``--pool`` gives for a backbone output of ``shape`` (C, H, W): 0 (store as it is) when
+    ``pool`` is 0 or not smaller than the grid; an error when it does not divide the grid."""
+    if pool < 0:
+        raise PipelineError(f"--pool must be ≥ 0, got {pool}")
+    h, w = shape[1], shape[2]
+    if not pool or (pool >= h and pool >= w):
+        return 0
+    if h != w or h % pool:
+        raise PipelineError(f"--pool {pool} does not divide the {h}x{w} grid into equal blocks")
+    return pool
 
 
 CALIBRATION_IMAGES = 16
@@ -219,12 +239,16 @@ class FeatureSettings:
     shape: tuple[int, int, int]
     weights_name: str = ""
     code_version: str = field(default=CODE_VERSION)
+    pool: int = 0             # the grid average-pooled to pool×pool before storing (0: not pooled)
 
     def attrs(self) -> dict:
-        return {"backbone": self.backbone, "layer": self.layer, "weights": self.weights,
-                "weights_name": self.weights_name, "input_size": self.input_size,
-                "resize": "PIL bicubic to input_size x input_size, no crop", "mean": list(self.mean),
-                "std": list(self.std), "code_version": self.code_version, "dtype": self.dtype}
+        out = {"backbone": self.backbone, "layer": self.layer, "weights": self.weights,
+               "weights_name": self.weights_name, "input_size": self.input_size,
+               "resize": "PIL bicubic to input_size x input_size, no crop", "mean": list(self.mean),
+               "std": list(self.std), "code_version": self.code_version, "dtype": self.dtype}
+        if self.pool:  # only then: an unpooled file's attributes (and resume fingerprint) stay as they were
+            out["grid_pool"] = f"average-pooled to {self.pool}x{self.pool}"
+        return out
 
 
 def check_images_exist(keys: Sequence[str], raw_dir: Path) -> None:

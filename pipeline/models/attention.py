@@ -88,7 +88,7 @@ class GridEmbedding(nn.Module):
         return torch.cat([cols, rows], -1).reshape(h * w, -1)  # [H*W, dim], row-major like .flatten(2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.pool:
+        if self.pool and x.shape[-2:] != (self.pool, self.pool):  # not when stored pooled (features.<b>.pool)
             x = F.adaptive_avg_pool2d(x, self.pool)
         _, _, h, w = x.shape
         return self.proj(x.flatten(2).transpose(1, 2)) + self.positions(h, w)

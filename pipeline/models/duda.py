@@ -42,6 +42,8 @@ def pool_grid(x: torch.Tensor, size: int) -> torch.Tensor:
     """Average-pool a [B, C, H, W] grid to size × size: a plain k × k pooling where the grid divides evenly
     (the same cells as the adaptive pooling, ~40 % faster on a CPU), the adaptive one elsewhere."""
     h, w = x.shape[-2:]
+    if h == w == size:  # stored pooled already (features.<backbone>.pool)
+        return x
     if h % size == 0 and w % size == 0 and h // size == w // size:
         return F.avg_pool2d(x, h // size)
     return F.adaptive_avg_pool2d(x, size)
