@@ -22,7 +22,8 @@ rule extract_features:
         "logs/benchmarks/{dataset}/features_{backbone}.tsv"
     shell:
         "python -m pipeline extract-features --manifest {input.manifest} --raw-dir {params.root}/data "
-        "--backbone {wildcards.backbone} --weights {params.cfg[weights]} --shortcut {params.shortcut} --pool {params.pool} "
+        "--backbone {wildcards.backbone} --weights {params.cfg[weights]} --shortcut {params.shortcut} "
+        "--pool {params.pool} "
         "--weights-dir resources/weights "
         "--batch-size {params.cfg[batch_size]} --dtype {params.cfg[dtype]} --image-size {params.cfg[image_size]} "
         "--mean {params.cfg[mean]} --std {params.cfg[std]} --seed {params.cfg[seed]} "
