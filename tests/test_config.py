@@ -81,7 +81,7 @@ def test_dataset_overrides_merge_over_the_method_block():
     assert dc["model"] == base["model"]
     assert run_config(cfg, "clevr_dc", "idc_pcl_pretrain")["train"]["iterations"] == 7
     # the other dataset, and the configured blocks themselves, are untouched
-    assert run_config(cfg, "clevr_change", "dirl") is cfg["methods"]["dirl"] and cfg["methods"]["dirl"] == base
+    assert run_config(cfg, "image_editing_request", "dirl") is cfg["methods"]["dirl"] and cfg["methods"]["dirl"] == base
     assert merge({"a": {"b": 1, "c": 2}, "d": [1]}, {"a": {"b": 3}, "d": [2]}) == {"a": {"b": 3, "c": 2}, "d": [2]}
 
 
