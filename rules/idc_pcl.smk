@@ -15,7 +15,7 @@ def idc_pcl_pretrain_cfg(dataset, name):
 def idc_pcl_check_config():
     """A method starting from a pre-training run must have the same architecture (init_from also checks the
     tensors, but this says which config blocks disagree before anything runs)."""
-    arch = ("hidden", "heads", "ff", "layers", "single_layers", "pair_layers", "difference_encoder")
+    arch = ("hidden", "heads", "ff", "layers", "single_layers", "pair_layers", "difference_encoder", "cross_cell_bias")
     for d in config["datasets"]:
         for m in config["methods"]:
             init = config["methods"][m].get("init_from")

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
+from pipeline.config import run_config
 from pipeline.data import type_ids
 from pipeline.models import build_model
 from pipeline.models.common import CaptionModel
@@ -132,7 +133,8 @@ def words(ids: torch.Tensor) -> str:
 
 # ------------------------------------------------------------------------------------------ training
 def method_hparams(method: str) -> dict:
-    block = yaml.safe_load(CONFIG.read_text())["methods"][method]["model"]
+    # As the method trains on the main table's dataset (CLEVR-Change, with its overrides).
+    block = run_config(yaml.safe_load(CONFIG.read_text()), "clevr_change", method)["model"]
     overrides = CASES[method][0]
     merged = {**block, **overrides}
     if "primary_model" in block:  # the auxiliary scheme's captioner: its configured block, shrunk

@@ -10,6 +10,8 @@
   N(0, 1) as ``nn.Embedding`` starts, where the official code's xavier starts smaller). ``pool`` average-pools the grid first
   (e.g. 14×14 -> 7×7: 1/4 of the tokens, 1/16 of the attention and token-matching cost), a CPU-sized
   reduction that the table row states.
+- ``cross_cell_scores``: additive attention scores that favour, between the two images of a pair, cell i of
+  one and cell i of the other (a learned scalar; the single-stream models' optional ``cross_cell_bias``).
 - ``CrossViewLayer``: one layer of cross-view attention between the two images of a pair: the before tokens
   attend to the after tokens and vice versa with the *same* layer (both official codes share it), followed
   by the residual connection and LayerNorm.
@@ -22,6 +24,20 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from pipeline.models.dropout import Dropout, attention
+
+
+def cross_cell_scores(bias: torch.Tensor, n: int, keep: torch.Tensor | None = None) -> torch.Tensor:
+    """Additive attention scores over [IMG1, n cells, IMG2, n cells]: ``bias`` between cell i of one image and
+    cell i of the other, 0 elsewhere; -inf where the boolean ``keep`` [B, 1, 1, 2n + 2] forbids a key."""
+    t = 2 * n + 2
+    idx = torch.arange(n, device=bias.device)
+    same = torch.zeros(t, t, device=bias.device)
+    same[1 + idx, n + 2 + idx] = 1.0
+    same[n + 2 + idx, 1 + idx] = 1.0
+    scores = (bias * same)[None, None]
+    if keep is not None:
+        scores = scores.masked_fill(~keep, float("-inf"))
+    return scores
 
 
 class MultiHeadAttention(nn.Module):
@@ -50,17 +66,17 @@ class MultiHeadAttention(nn.Module):
         q, k, v = self.in_proj(x).chunk(3, dim=-1)
         return self.split(q), self.split(k), self.split(v)
 
-    def attend(self, q, k, v, causal: bool = False) -> torch.Tensor:
-        """Heads [B, h, L, d] in, merged and projected [B, L, D] out."""
+    def attend(self, q, k, v, causal: bool = False, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Heads [B, h, L, d] in, merged and projected [B, L, D] out (``attn_mask``: ``dropout.attention``'s)."""
         p = self.dropout if self.training else 0.0
-        a = attention(q, k, v, dropout_p=p, causal=causal)
+        a = attention(q, k, v, dropout_p=p, causal=causal, attn_mask=attn_mask)
         b, _, n, _ = a.shape
         return self.out_proj(a.transpose(1, 2).reshape(b, n, self.dim))
 
-    def forward(self, x_q, x_kv=None, causal: bool = False):
+    def forward(self, x_q, x_kv=None, causal: bool = False, attn_mask: torch.Tensor | None = None):
         if x_kv is None:
-            return self.attend(*self.project_qkv(x_q), causal=causal)
-        return self.attend(self.project_q(x_q), *self.project_kv(x_kv), causal=causal)
+            return self.attend(*self.project_qkv(x_q), causal=causal, attn_mask=attn_mask)
+        return self.attend(self.project_q(x_q), *self.project_kv(x_kv), causal=causal, attn_mask=attn_mask)
 
 
 def _part(bias, lo, hi):

@@ -49,6 +49,12 @@ embed 128) and a 128-wide captioner: a randomly initialised ViT-B/32 cannot lear
 Every component stays: the adaptation, the intra/inter split with the joint positions, CLIP-FT's all-intra
 encoder; the Table 7 sweep ranges over the small ViT's layers.
 
+Cross-cell bias (``cross_cell_bias``, a deviation of the embedded default; 0, the paper's model, adds nothing): a
+learned scalar, started at the configured value, added to the attention score between patch i of one image and
+patch i of the other wherever the two images' tokens meet (the inter layers; the captioning encoder, CLIP-FT's
+only joint stack). The same term as IDC-PCL's (``pipeline.models.idc_pcl``, where the measurements are): on the
+small CPU budgets a single stream over both images does not find which tokens to compare by itself.
+
 Text tokens for the adaptation (``text_tokens``): ``words`` uses the pipeline's word vocabulary (its own,
 randomly initialised token embedding; only valid with ``weights: random``); ``clip_bpe`` uses CLIP's byte-pair
 encoding (:class:`ClipBPE`, needs ``bpe_simple_vocab_16e6.txt.gz``, which ships with the ``open_clip_torch``
@@ -73,7 +79,7 @@ import torch.nn.functional as F
 
 from pipeline import distributed as ddp
 from pipeline.errors import PipelineError
-from pipeline.models.attention import MultiHeadAttention
+from pipeline.models.attention import MultiHeadAttention, cross_cell_scores
 from pipeline.models.common import CaptionModel, ce_parts, group_slices, pair_groups, sequence_ce
 from pipeline.models.transformer_decoder import TransformerDecoder
 from pipeline.text import START
@@ -139,7 +145,8 @@ def _text_config(s: ClipShape, vocab_size: int, eos_id: int):
 class PairEncoder(nn.Module):
     """F'(X1, X2) of Eq. 4: intra layers per image, inter layers on the joint sequence; [B, 2T, embed_dim]."""
 
-    def __init__(self, shape: ClipShape = ClipShape(), n_intra: int = 9, joint_position: bool = True):
+    def __init__(self, shape: ClipShape = ClipShape(), n_intra: int = 9, joint_position: bool = True,
+                 cross_cell_bias: float = 0.0):
         super().__init__()
         from transformers import CLIPVisionModel
 
@@ -157,6 +164,10 @@ class PairEncoder(nn.Module):
             self.ln_mid = nn.LayerNorm(w, eps=1e-5)
         # The split travels with the weights: a captioner must not start from an adaptation with another split.
         self.register_buffer("split", torch.tensor([n_intra, shape.vision_layers - n_intra, int(joint_position)]))
+        # A deviation when non-zero (the paper's encoder has no such term): a learned scalar added to the inter
+        # layers' attention score between patch i of one image and patch i of the other (module docstring).
+        self.cross_cell_bias = (nn.Parameter(torch.tensor(float(cross_cell_bias)))
+                                if cross_cell_bias and n_intra < shape.vision_layers else None)
         mean, std = torch.tensor(CLIP_MEAN).view(1, 3, 1, 1), torch.tensor(CLIP_STD).view(1, 3, 1, 1)
         # pixels 0-255 -> (x/255 - mean) / std as one multiply-add
         self.register_buffer("pix_scale", 1.0 / (255.0 * std), persistent=False)
@@ -179,8 +190,11 @@ class PairEncoder(nn.Module):
         h = torch.cat([h_before + self.before_embedding, h_after + self.after_embedding], 1)
         if self.joint:
             h = self.ln_mid(h + self.joint_position)
+        mask = None
+        if self.cross_cell_bias is not None:
+            mask = cross_cell_scores(self.cross_cell_bias, h_before.size(1) - 1).to(h.dtype)
         for layer in self.layers[self.n_intra:]:
-            h = layer(h, None)
+            h = layer(h, mask)
         return self.proj(self.vit.post_layernorm(h))
 
     def forward(self, before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
@@ -462,8 +476,8 @@ class EncoderLayer(nn.Module):
         self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
         self.drop1, self.drop2 = nn.Dropout(dropout), nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.norm1(x + self.drop1(self.attn(x)))
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.norm1(x + self.drop1(self.attn(x, attn_mask=mask)))
         return self.norm2(x + self.drop2(self.ffn(x)))
 
 
@@ -473,15 +487,20 @@ class Captioner(nn.Module):
     512-d word embeddings (appendix B: d_T = 512) and GELU feed-forward layers as the official BERT-style decoder."""
 
     def __init__(self, vocab_size: int, dim: int = 512, layers: int = 3, heads: int = 8, ffn: int = 2048,
-                 dropout: float = 0.1, max_positions: int = 64):
+                 dropout: float = 0.1, max_positions: int = 64, cross_cell_bias: float = 0.0):
         super().__init__()
         self.encoder = nn.ModuleList(EncoderLayer(dim, heads, ffn, dropout) for _ in range(layers))
+        # The same deviation as PairEncoder's, for the captioning encoder's joint sequence (CLIP-FT's only one).
+        self.cross_cell_bias = nn.Parameter(torch.tensor(float(cross_cell_bias))) if cross_cell_bias else None
         self.decoder = TransformerDecoder(vocab_size, dim=dim, word_dim=dim, heads=heads, layers=layers, ffn_dim=ffn,
                                           dropout=dropout, activation="gelu", max_len=max_positions)
 
     def memory(self, visual: torch.Tensor) -> torch.Tensor:
+        mask = None
+        if self.cross_cell_bias is not None:  # [CLS1, n patches, CLS2, n patches]
+            mask = cross_cell_scores(self.cross_cell_bias, visual.size(1) // 2 - 1).to(visual.dtype)
         for layer in self.encoder:
-            visual = layer(visual)
+            visual = layer(visual, mask)
         return visual
 
     def forward(self, visual: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
@@ -510,14 +529,16 @@ class CLIP4IDC(CaptionModel):
     def __init__(self, vocab_size: int, feat_dim: int = 3, weights: str = "random",
                  weights_dir: str = "resources/weights", clip: dict | None = None, n_intra: int = 9,
                  joint_position: bool = True, freeze_encoder: bool = False, encoder_lr_mult: float = 1e-3,
-                 layers: int = 3, heads: int = 8, ffn: int = 2048, dropout: float = 0.1, max_positions: int = 64):
+                 layers: int = 3, heads: int = 8, ffn: int = 2048, dropout: float = 0.1, max_positions: int = 64,
+                 cross_cell_bias: float = 0.0):
         super().__init__()
         if feat_dim != 3:
             raise PipelineError(f"CLIP4IDC reads raw pixels (backbone clip_pixels224, 3 channels); the feature "
                                 f"file given has {feat_dim} channels")
         shape = clip_shape(clip)
-        self.encoder = PairEncoder(shape, n_intra, joint_position)
-        self.captioner = Captioner(vocab_size, shape.embed_dim, layers, heads, ffn, dropout, max_positions)
+        self.encoder = PairEncoder(shape, n_intra, joint_position, cross_cell_bias)
+        self.captioner = Captioner(vocab_size, shape.embed_dim, layers, heads, ffn, dropout, max_positions,
+                                   cross_cell_bias)
         self.freeze_encoder, self.encoder_lr_mult = freeze_encoder, encoder_lr_mult
         self.weights_identity = "CLIP " + _apply_weights(self, weights, weights_dir, openai_key_map(shape, text=None,
                                                          text_proj=None, logit_scale=None))
@@ -539,9 +560,11 @@ class CLIP4IDC(CaptionModel):
         """Start the vision encoder from an adaptation checkpoint (``encoder.*``; its split must match)."""
         own = self.encoder.state_dict()
         enc = {k[len("encoder."):]: v for k, v in state.items() if k.startswith("encoder.")}
-        missing = sorted(set(own) - set(enc))
+        missing, extra = sorted(set(own) - set(enc)), sorted(set(enc) - set(own))
         if missing:
             raise ValueError(f"the initial checkpoint lacks vision-encoder tensors {missing[:3]}")
+        if extra:  # e.g. an adaptation trained with cross_cell_bias, a captioner without it
+            raise ValueError(f"the initial checkpoint has vision-encoder tensors this model lacks: {extra[:3]}")
         if not torch.equal(enc["split"], own["split"]):
             raise ValueError(f"the initial checkpoint's encoder has split (intra, inter, joint) = "
                              f"{enc['split'].tolist()}, this model {own['split'].tolist()}")
@@ -582,7 +605,8 @@ class CLIP4IDCAdapt(nn.Module):
 
     def __init__(self, text_vocab_size: int, eos_id: int, weights: str = "random",
                  weights_dir: str = "resources/weights", clip: dict | None = None, n_intra: int = 9,
-                 joint_position: bool = True, text_tokens: str = "words", encoder_lr_mult: float = 1.0):
+                 joint_position: bool = True, text_tokens: str = "words", encoder_lr_mult: float = 1.0,
+                 cross_cell_bias: float = 0.0):
         super().__init__()
         from transformers import CLIPTextModel
 
@@ -594,7 +618,7 @@ class CLIP4IDCAdapt(nn.Module):
                                 "(the OpenAI text encoder reads CLIP's BPE tokens, not the pipeline's word ids)")
         if text_tokens == "clip_bpe" and text_vocab_size != shape.text_vocab:
             raise PipelineError(f"clip_bpe tokens need a text vocabulary of {shape.text_vocab}, got {text_vocab_size}")
-        self.encoder = PairEncoder(shape, n_intra, joint_position)
+        self.encoder = PairEncoder(shape, n_intra, joint_position, cross_cell_bias)
         self.text = CLIPTextModel(_text_config(shape, text_vocab_size, eos_id))
         self.text_proj = nn.Linear(shape.text_width, shape.embed_dim, bias=False)
         nn.init.normal_(self.text_proj.weight, std=shape.text_width ** -0.5)

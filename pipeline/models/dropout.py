@@ -101,9 +101,11 @@ def attention(q, k, v, dropout_p: float = 0.0, causal: bool = False, attn_mask: 
 
     The caller passes dropout_p = 0 outside training. ``causal`` masks key j > query i (top-left aligned, as
     ``F.scaled_dot_product_attention(is_causal=True)``); ``attn_mask`` is a boolean mask broadcastable to
-    [B, h, L, S], True = may attend. ``generator`` only affects the CPU dropout path.
+    [B, h, L, S], True = may attend, or a float one added to the scores (as SDPA's). ``generator`` only affects the CPU dropout path.
     """
     _check(dropout_p)
+    if attn_mask is not None and attn_mask.dtype != torch.bool and attn_mask.dtype != q.dtype:
+        attn_mask = attn_mask.to(q.dtype)  # additive scores in the queries' precision (bf16 autocast)
     if q.device.type != "cpu" or dropout_p == 0.0 or dropout_p == 1.0:
         # Fused kernels; on CUDA they apply the dropout themselves, cheaply.
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=causal)
@@ -113,7 +115,7 @@ def attention(q, k, v, dropout_p: float = 0.0, causal: bool = False, attn_mask: 
         future = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).triu_(1)
         scores = scores.masked_fill_(future, float("-inf"))
     if attn_mask is not None:
-        scores = scores.masked_fill_(~attn_mask, float("-inf"))
+        scores = scores.masked_fill_(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores.add_(attn_mask)
     probs = scores.softmax(-1)
     keep = keep_mask(probs.shape, dropout_p, generator, q.device)
     # (P·keep·s) v = ((P·keep) v)·s: the 1/(1 − p) scale goes on the [L, d] output instead of the larger
