@@ -1,7 +1,8 @@
-"""The cross-cell attention bias of the single-stream models (IDC-PCL's pair encoder, CLIP4IDC's inter layers and
-captioning encoder): a learned scalar added to the attention score between cell i of one image and cell i of the
-other. Pinned: its layout, that the attention code adds it (both CPU paths), that it makes a cell read its
-counterpart in the other image, that it trains and travels in checkpoints, and that 0 builds the official model."""
+"""The cross-cell attention bias of the single-stream models (IDC-PCL's pair encoder, or its cross-modal stack
+without one; CLIP4IDC's inter layers and captioning encoder): a learned scalar added to the attention score
+between cell i of one image and cell i of the other. Pinned: its layout, that the attention code adds it (both
+CPU paths), that it makes a cell read its counterpart in the other image, that it trains and travels in
+checkpoints, and that 0 builds the official model."""
 
 from __future__ import annotations
 
@@ -56,14 +57,17 @@ def _cell_effect(encode, perturb_cell: int, n_cells: int) -> torch.Tensor:
     return encode(perturb_cell).sub(encode(None)).norm(dim=-1).mean(0)[:n_cells]
 
 
-def test_idc_pcl_pair_encoder_reads_the_counterpart_cell_with_the_bias_and_not_without():
+@pytest.mark.parametrize("difference_encoder", [True, False])
+def test_idc_pcl_reads_the_counterpart_cell_with_the_bias_and_not_without(difference_encoder):
+    """With the difference encoder the bias acts in the pair encoder; without it, in the cross-modal stack."""
     g = torch.Generator().manual_seed(0)
     before, after = torch.randn(4, 12, 3, 3, generator=g), torch.randn(4, 12, 3, 3, generator=g)
     ratios = {}
     for bias in (0.0, 12.0):
         torch.manual_seed(0)
         m = IDCPCL(vocab_size=20, feat_dim=12, hidden=16, heads=2, ff=32, layers=1, dropout=0.0,
-                   cross_cell_bias=bias).eval()
+                   difference_encoder=difference_encoder, cross_cell_bias=bias).eval()
+        text = m.embed_text(m.text_input(torch.tensor([[1, 5, 6, 2]] * 4)))
 
         def encode(cell):
             b = before.clone()
@@ -71,14 +75,16 @@ def test_idc_pcl_pair_encoder_reads_the_counterpart_cell_with_the_bias_and_not_w
                 b[:, :, cell // 3, cell % 3] += 3.0
             with torch.no_grad():
                 v = m.visual(b, after)  # [B, 2 + 18, d]: [IMG1, 9 cells, IMG2, 9 cells]
-            return v[:, 11:]
+                if not difference_encoder:  # the embedded tokens: read them after the cross-modal stack
+                    v = m.cross_modal(v, text, None)
+            return v[:, 11:20]
 
         effect = _cell_effect(encode, 4, 9)
         ratios[bias] = (effect[4] / torch.cat([effect[:4], effect[5:]]).mean()).item()
     assert ratios[12.0] > 5.0 * ratios[0.0] and ratios[12.0] > 5.0
 
 
-def test_idc_pcl_bias_is_trained_saved_and_absent_at_zero_or_without_the_difference_encoder():
+def test_idc_pcl_bias_is_trained_and_saved_with_or_without_the_difference_encoder_and_absent_at_zero():
     m = IDCPCL(vocab_size=20, feat_dim=12, hidden=16, heads=2, ff=32, layers=1, dropout=0.0, cross_cell_bias=4.0)
     assert "cross_cell_bias" in m.state_dict() and m.cross_cell_bias.item() == 4.0
     g = torch.Generator().manual_seed(1)
@@ -87,9 +93,27 @@ def test_idc_pcl_bias_is_trained_saved_and_absent_at_zero_or_without_the_differe
     assert m.cross_cell_bias.grad is not None and m.cross_cell_bias.grad.abs() > 0
     official = IDCPCL(vocab_size=20, feat_dim=12, hidden=16, heads=2, ff=32, layers=1, dropout=0.0)
     assert official.cross_cell_bias is None and "cross_cell_bias" not in official.state_dict()
-    no_de = IDCPCL(vocab_size=20, feat_dim=12, hidden=16, heads=2, ff=32, layers=1, dropout=0.0,
+    # Two cross-modal layers: the last one computes only the rows a loss reads (no image cell), so the bias acts
+    # through the first (as in the default's 2 layers).
+    no_de = IDCPCL(vocab_size=20, feat_dim=12, hidden=16, heads=2, ff=32, layers=2, dropout=0.0,
                    difference_encoder=False, cross_cell_bias=4.0)
-    assert "cross_cell_bias" not in no_de.state_dict()  # Table 4 line 5: no pair encoder to bias
+    assert "cross_cell_bias" in no_de.state_dict()  # Table 4 line 5: it goes to the cross-modal stack
+    no_de.training_loss({"before": torch.randn(2, 12, 2, 2, generator=g), "after": torch.randn(2, 12, 2, 2, generator=g),
+                         "labels": torch.tensor([[1, 5, 6, 2], [1, 7, 2, 0]]),
+                         "changed": torch.tensor([1, 0])})[0].backward()
+    assert no_de.cross_cell_bias.grad is not None and no_de.cross_cell_bias.grad.abs() > 0
+
+
+def test_idc_pcl_without_difference_encoder_biases_image_cells_only():
+    m = IDCPCL(vocab_size=20, feat_dim=12, hidden=16, heads=2, ff=32, layers=1, dropout=0.0,
+               difference_encoder=False, cross_cell_bias=12.0)
+    # caption tokens get no cross-cell term: every score outside the two images' cells is 0 (or -inf)
+    keep = torch.ones(1, 1, 1, 25, dtype=torch.bool)
+    keep[..., -1] = False
+    scores = m.joint_mask(keep, 20, 25)
+    assert scores.shape == (1, 1, 25, 25)
+    assert (scores[..., 20:, :24] == 0).all() and (scores[..., :24, 20:24] == 0).all() and torch.isinf(scores[..., -1]).all()
+    assert (scores[0, 0, :20, :20] == cross_cell_scores(m.cross_cell_bias, 9)[0, 0]).all()
 
 
 SMALL = dict(vision_width=32, vision_layers=3, vision_heads=2, embed_dim=16, text_width=16, text_layers=1,

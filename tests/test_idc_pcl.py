@@ -191,9 +191,11 @@ def test_fda_scores_each_caption_against_the_visual_vector_of_its_own_pass():
     assert not math.isclose(loss.item(), pos_only.item(), rel_tol=1e-4)
 
 
+@pytest.mark.parametrize("no_de_bias", [False, True])
 @pytest.mark.parametrize("task", ["mlm", "mvcl", "fda", "finetune", "finetune_every"])
-def test_last_layer_computed_only_where_a_loss_reads_gives_the_same_loss(task):
-    m = tiny(ft_targets="every" if task == "finetune_every" else "masked").eval()
+def test_last_layer_computed_only_where_a_loss_reads_gives_the_same_loss(task, no_de_bias):
+    extra = dict(difference_encoder=False, cross_cell_bias=4.0) if no_de_bias else {}
+    m = tiny(ft_targets="every" if task == "finetune_every" else "masked", **extra).eval()
     batch = ft_batch(3) if task.startswith("finetune") else pt_batch(task)
     losses = []
     for prune in (True, False):
@@ -245,10 +247,10 @@ def test_pretraining_attention_ignores_caption_padding():
 
 
 # --------------------------------------------------------------------------------------- decoding
-@pytest.mark.parametrize("difference_encoder", [True, False])
-def test_cached_greedy_equals_recomputing_the_whole_sequence(difference_encoder):
+@pytest.mark.parametrize("difference_encoder,bias", [(True, 0.0), (False, 0.0), (True, 4.0), (False, 4.0)])
+def test_cached_greedy_equals_recomputing_the_whole_sequence(difference_encoder, bias):
     torch.manual_seed(0)
-    m = tiny(difference_encoder=difference_encoder).eval()
+    m = tiny(difference_encoder=difference_encoder, cross_cell_bias=bias).eval()
     b = ft_batch(3)
     out, logits = m.greedy(b["before"], b["after"], 6, return_logits=True)
     v = m.visual(b["before"], b["after"])
@@ -262,11 +264,12 @@ def test_cached_greedy_equals_recomputing_the_whole_sequence(difference_encoder)
         torch.testing.assert_close(logits[live, t], want[live], rtol=1e-4, atol=1e-5)
 
 
-def test_every_word_fine_tuning_equals_a_mask_after_each_true_prefix():
+@pytest.mark.parametrize("extra", [{}, dict(difference_encoder=False, cross_cell_bias=4.0)])
+def test_every_word_fine_tuning_equals_a_mask_after_each_true_prefix(extra):
     """ft_targets='every': the loss is the mean cross-entropy of each word predicted at a [MASK] placed after
     its true prefix under the sequence-to-sequence mask (the input greedy decoding gives)."""
     torch.manual_seed(0)
-    m = tiny(ft_targets="every", distractor_judging=False).eval()
+    m = tiny(ft_targets="every", distractor_judging=False, **extra).eval()
     batch = ft_batch(3)
     batch["labels"][1, 4:] = 0  # captions of different lengths
     batch["labels"][1, 3] = END

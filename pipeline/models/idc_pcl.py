@@ -21,8 +21,9 @@ the configured value, to the pair encoder's attention score between cell i of on
 distractor pairs stays at chance (train and test 0.50 over 1,200 steps at batch 32), and with the bias started
 at 4 it reaches train 0.93 / test 0.85 in the same steps: the single stream does not find the other image's
 counterpart cell by itself at this data scale. IDC-PCL fine-tuned with the bias leaves the constant caption
-(``config/config.yaml``, ``methods.idc_pcl``). With ``difference_encoder=False`` there is no pair encoder and no
-bias.
+(``config/config.yaml``, ``methods.idc_pcl``). The bias sits where the two images first meet: with
+``difference_encoder=False`` (Table 4 line 5) there is no pair encoder, and it goes to the cross-modal stack,
+between image cells only (caption tokens get no such term).
 
 Image difference encoder: a single-image encoder (shared by both images) then a pair-image encoder over
 [IMG1, img1, IMG2, img2]; cross-modal transformer over [visual tokens, CLS, caption]. Hidden 512, 8 heads,
@@ -306,9 +307,10 @@ class IDCPCL(CaptionModel):
         if difference_encoder:
             self.single = Stack(single_layers, d, heads, ff, dropout)
             self.pair = Stack(pair_layers, d, heads, ff, dropout)
-            # A deviation when non-zero (the official model: 0, no such term): a learned scalar added to the
-            # pair encoder's attention score between cell i of one image and cell i of the other (see the docstring).
-            self.cross_cell_bias = nn.Parameter(torch.tensor(float(cross_cell_bias))) if cross_cell_bias else None
+        # A deviation when non-zero (the official model: 0, no such term): a learned scalar added to the attention
+        # score between cell i of one image and cell i of the other where the images first meet: the pair
+        # encoder, or the cross-modal stack without one (see the docstring).
+        self.cross_cell_bias = nn.Parameter(torch.tensor(float(cross_cell_bias))) if cross_cell_bias else None
         self.cross = Stack(layers, d, heads, ff, dropout)
         self.mlm = nn.Linear(d, vocab_size)  # the official output layer, shared by MLM and fine-tuning
         self.mvcl = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.LayerNorm(d))
@@ -410,12 +412,23 @@ class IDCPCL(CaptionModel):
         keep[:, nv // 2 + 1:] = ~empty2.bool().unsqueeze(1)
         return keep
 
+    def joint_mask(self, mask: torch.Tensor | None, nv: int, n: int) -> torch.Tensor | None:
+        """The cross-modal stack's mask over ``n`` tokens (``nv`` visual first): as given, or, without a pair
+        encoder but with the cross-cell bias, additive scores with the bias between counterpart cells of the
+        two images and -inf where the boolean ``mask`` forbids a key."""
+        if self.difference_encoder or self.cross_cell_bias is None:
+            return mask
+        scores = F.pad(cross_cell_scores(self.cross_cell_bias, nv // 2 - 1), (0, n - nv, 0, n - nv))
+        return scores if mask is None else scores.masked_fill(~mask, float("-inf"))
+
     def cross_modal(self, v: torch.Tensor, t: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        return self.cross(torch.cat([v, t], 1), mask)
+        x = torch.cat([v, t], 1)
+        return self.cross(x, self.joint_mask(mask, v.size(1), x.size(1)))
 
     def cross_select(self, v, t, mask, need: torch.Tensor):
         """Cross-modal outputs at the ``need`` [B, T] positions only: (out [B, M, d], valid [B, M]) as
         ``needed_rows``. The last layer computes just those rows (``prune_last``; else all, then gathered)."""
+        mask = self.joint_mask(mask, v.size(1), v.size(1) + t.size(1))
         rows, valid = needed_rows(need)
         if self.prune_last:
             return self.cross(torch.cat([v, t], 1), mask, rows), valid
@@ -592,9 +605,10 @@ class IDCPCL(CaptionModel):
         b = before.size(0)
         dev = before.device
         x = self.cross.norm(self.visual(before, after))
+        vis_mask = self.joint_mask(None, x.size(1), x.size(1))  # caption queries below get no cross-cell term
         cache = []
         for blk in self.cross.layers:  # visual states never see the caption: run them once
-            x, kv = blk(x)
+            x, kv = blk(x, vis_mask)
             cache.append(kv)
         out = torch.zeros(b, max_len, dtype=torch.long, device=dev)
         done = torch.zeros(b, dtype=torch.bool, device=dev)
