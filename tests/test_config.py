@@ -93,8 +93,12 @@ def test_the_tiny_configuration_keeps_every_run_tiny_over_the_default():
     tiny = yaml.safe_load((ROOT / ".test/config/config.yaml").read_text())
     cfg = merge(default, tiny)
     runs = [n for section in ("methods", "pretraining") for n in tiny.get(section, {})]
-    budgets = {(d, n): run_config(cfg, d, n)["train"]["iterations"] for d in tiny["datasets"] for n in runs}
+    trains = {(d, n): run_config(cfg, d, n)["train"] for d in tiny["datasets"] for n in runs}
+    budgets = {k: t["iterations"] for k, t in trains.items()}
     assert max(budgets.values()) <= 20, {k: v for k, v in budgets.items() if v > 20}
+    # and every tiny run validates inside its budget (a default val_every of 200 once leaked over 4 steps)
+    late = {k: t.get("val_every") for k, t in trains.items() if t.get("val_every", 0) > t["iterations"]}
+    assert not late, late
     # the check itself sees a default override that leaks
     default["datasets"]["clevr_change"].setdefault("overrides", {})["scorer"] = {"train": {"iterations": 900}}
     assert run_config(merge(default, tiny), "clevr_change", "scorer")["train"]["iterations"] == 900
