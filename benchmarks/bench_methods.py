@@ -33,6 +33,7 @@ import torch
 import yaml
 
 from batches import feature_batch
+from pipeline.config import run_config
 from pipeline.engine import autocast
 from pipeline.models import build_model
 
@@ -145,19 +146,21 @@ def main():
     print(f"{a.table}: {len(methods)} methods at {Path(a.config).name} sizes, {device.type}, torch threads "
           f"{torch.get_num_threads()}{load}")
 
-    ref_before = step_time("duda", cfg["methods"]["duda"], a.steps, device)
+    # Each block as it trains on the table's dataset (its datasets.<dataset>.overrides merged in), as the DAG runs it.
+    blocks = {m: run_config(cfg, dataset, m) for m in {*methods, "duda"}}
+    ref_before = step_time("duda", blocks["duda"], a.steps, device)
     rows = []
     for m in methods:
-        block = cfg["methods"][m]
+        block = blocks[m]
         wall, cpu = step_time(m, block, a.steps, device)
         rows.append({"method": m, "backbone": block["backbone"], "batch": block["train"]["batch_size"],
                      "steps": block["train"].get("iterations"), "s_per_step": wall, "cpu_s_per_step": cpu})
         print(f"  measured {m}: {wall:.3f} s/step", flush=True)
-    ref_after = step_time("duda", cfg["methods"]["duda"], a.steps, device)
+    ref_after = step_time("duda", blocks["duda"], a.steps, device)
     ref = (ref_before[0] + ref_after[0]) / 2
     logs, results = Path(a.logs), Path(a.results)
     for r in rows:
-        block = cfg["methods"][r["method"]]
+        block = blocks[r["method"]]
         r["x_duda"] = r["s_per_step"] / ref
         r["plateau"] = plateau(results, dataset, r["method"], seeds, r["steps"])
         r["train_job_s"] = stage_seconds(logs, dataset, r["method"], seeds)
