@@ -90,8 +90,10 @@ rule clip4idc_adapt:
     params:
         hp=lambda w: as_json(run_cfg(w.dataset, w.adapt)),
     threads: lambda w: devices(w.dataset, w.adapt)
+    priority: lambda w: run_priority(w.dataset, w.adapt)
     resources:
         gpu=lambda w: GPU_TOKEN * devices(w.dataset, w.adapt),
+        cpu_jobs=lambda w: cpu_jobs(w.dataset, w.adapt),
         mem_mb=12000,
     log:
         "logs/{dataset}/{adapt}/seed{seed}/adapt.log",

@@ -1,4 +1,5 @@
 import json
+import os
 import shutil
 
 from pipeline.config import run_config, validate as validate_config
@@ -63,6 +64,44 @@ def devices(dataset, name):
     """`train.devices` of a training run (method, pre-training or adaptation): its number of processes, which the
     stage starts itself under torchrun inside this one job (`pipeline.distributed.relaunch`)."""
     return int(run_cfg(dataset, name)["train"].get("devices", 1))
+
+
+# Local CPU runs: at most nproc training processes at once (the `cpu_jobs` resource). `--cores` above the
+# machine's own (the README's `--cores 8` on a 2-core laptop) would otherwise start up to eight one-thread
+# training jobs on two cores: measured, six DUDA runs side by side on two cores used 9 % more CPU each than two at
+# a time, and the last long run ended alone. With the limit, `run_priority` starts the longest chains first.
+# No limit on a cluster (jobs run elsewhere) or where a GPU is (the gpu token orders them); `--resources
+# cpu_jobs=N` on the command line sets another.
+def _cpu_job_limit():
+    try:
+        local = workflow.local_exec
+    except AttributeError:  # a Snakemake without it: no limit rather than a wrong one
+        return 0
+    nproc = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return nproc if local and not GPU_TOKEN else 0
+
+
+CPU_JOB_LIMIT = _cpu_job_limit()
+if CPU_JOB_LIMIT and "cpu_jobs" not in workflow.global_resources:
+    workflow.register_resource("cpu_jobs", CPU_JOB_LIMIT)
+
+
+def cpu_jobs(dataset, name):
+    """The `cpu_jobs` a training run (method, pre-training or adaptation) takes: its processes, where limited."""
+    return devices(dataset, name) if CPU_JOB_LIMIT else 0
+
+
+def run_cost(dataset, name):
+    """A training run's samples (iterations x batch), the scheduler's proxy for its length."""
+    t = run_cfg(dataset, name)["train"]
+    return int(t.get("iterations", 0)) * int(t.get("batch_size", 1))
+
+
+def run_priority(dataset, name):
+    """Longest chain first (LPT order on the slots): a first-stage run (pre-training, adaptation) counts the
+    longest method that starts from it, so the chain's second half does not start last."""
+    after = [run_cost(dataset, m) for m, b in config["methods"].items() if b.get("init_from") == name]
+    return run_cost(dataset, name) + max(after, default=0)
 
 
 def method_backbone(dataset, method):

@@ -76,8 +76,10 @@ rule pretrain_idc_pcl:
         negatives=lambda w, input: f"--negatives {input.negatives}" if input.negatives else "",
         cross=lambda w, input: idc_pcl_cross_task_arg(input),
     threads: lambda w: devices(w.dataset, w.name)
+    priority: lambda w: run_priority(w.dataset, w.name)
     resources:
         gpu=lambda w: GPU_TOKEN * devices(w.dataset, w.name),
+        cpu_jobs=lambda w: cpu_jobs(w.dataset, w.name),
         mem_mb=8000,
     log:
         "logs/{dataset}/{name}/seed{seed}/pretrain.log",

@@ -16,8 +16,10 @@ rule train:
         hp=lambda w: as_json(run_cfg(w.dataset, w.method)),
         init=lambda w, input: f"--init {input.init}" if input.init else "",
     threads: lambda w: devices(w.dataset, w.method)
+    priority: lambda w: run_priority(w.dataset, w.method)
     resources:
         gpu=lambda w: GPU_TOKEN * devices(w.dataset, w.method),
+        cpu_jobs=lambda w: cpu_jobs(w.dataset, w.method),
         mem_mb=8000,
     log:
         "logs/{dataset}/{method}/seed{seed}/train.log",
