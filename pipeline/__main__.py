@@ -59,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return 0
     name = argv[0]
+    from pipeline.utils.malloc import keep_freed_memory
+
+    keep_freed_memory()  # before the stage's imports and tensors: see pipeline/utils/malloc.py
     module = importlib.import_module(STAGES[name][0])
     parser = argparse.ArgumentParser(prog=f"python -m pipeline {name}", description=STAGES[name][1])
     module.add_arguments(parser)

@@ -87,8 +87,9 @@ if CPU_JOB_LIMIT and "cpu_jobs" not in workflow.global_resources:
 
 
 def cpu_jobs(dataset, name):
-    """The `cpu_jobs` a training run (method, pre-training or adaptation) takes: its processes, where limited."""
-    return devices(dataset, name) if CPU_JOB_LIMIT else 0
+    """The `cpu_jobs` a training run (method, pre-training or adaptation) takes: its processes, where limited
+    (at most the limit: a job asking for more than there is would never start)."""
+    return min(devices(dataset, name), CPU_JOB_LIMIT)
 
 
 def run_cost(dataset, name):

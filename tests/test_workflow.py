@@ -340,6 +340,49 @@ def test_feature_extraction_takes_the_cores_it_is_given(tmp_path):
     assert cmd and all("--threads 1 " in line for line in cmd), cmd
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux CPU affinity")
+def test_cores_above_the_machine_s_run_one_training_process_per_core(tmp_path):
+    """`--cores 4` where the machine shows one core (as the README's `--cores 8` on a 2-core laptop): the
+    training jobs take the `cpu_jobs` resource, limited to the cores, and so never run side by side."""
+    one_core = {min(os.sched_getaffinity(0))}
+    targets = [f"results/clevr_change/{m}/seed0/checkpoint.pt" for m in ("duda", "scorer", "dirl")]
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(tmp_path),
+           "--configfile", str(TEST_CONFIG), "--cores", "4", *targets]
+    p = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=lambda: os.sched_setaffinity(0, one_core))
+    log = p.stdout + p.stderr
+    assert p.returncode == 0, log[-4000:]
+    assert 'cpu_jobs=Resource("cpu_jobs", 1)' in log, log[:3000]
+    running = peak = 0
+    for line in log.splitlines():  # Snakemake logs each job's start and end in order, from its one process
+        if re.fullmatch(r"(local)?rule train:", line.strip()):
+            running += 1
+            peak = max(peak, running)
+        elif re.search(r"Finished jobid: \d+ \(Rule: train\)", line):
+            running -= 1
+    assert peak == 1 and running == 0, log[-4000:]
+
+
+def test_training_jobs_are_scheduled_longest_chain_first(tmp_path):
+    """A run's priority is its samples (iterations x batch); a first stage counts the longest method after it."""
+    from snakemake.utils import update_config
+
+    from pipeline.config import run_config
+
+    # As Snakemake merges --configfile over the Snakefile's config (YAML aliases not shared: the JSON round trip)
+    cfg = json.loads(json.dumps(yaml.safe_load((ROOT / "config" / "config.yaml").read_text())))
+    update_config(cfg, yaml.safe_load(TEST_CONFIG.read_text()))
+    p = smk(tmp_path, TABLE, "--dry-run")
+    jobs = re.findall(r"^(?:local)?rule (train|pretrain_idc_pcl|clip4idc_adapt):\n(.*?)(?=\n\n|\Z)",
+                      p.stdout + p.stderr, flags=re.M | re.S)
+    assert len(jobs) >= 10
+    for rule, body in jobs:
+        name = re.search(r"(?:method|name|adapt)=(\w+)", body).group(1)
+        cost = lambda n: (lambda t: t["iterations"] * t.get("batch_size", 1))(run_config(cfg, "clevr_change", n)["train"])
+        after = [cost(m) for m, b in cfg["methods"].items() if b.get("init_from") == name]
+        assert f"priority: {cost(name) + max(after, default=0)}" in body, (rule, name, body)
+        assert "cpu_jobs=1" in body, body
+
+
 def test_feature_extraction_stores_the_grid_the_models_read(tmp_path):
     """The embedded default stores layer3 pooled to the 7x7 its CPU-sized models read, layer4 as it is; the
     paper configuration stores the papers' 14x14."""
