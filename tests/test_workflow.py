@@ -488,7 +488,8 @@ def test_training_killed_at_90_percent_resumes_and_ends_as_if_uninterrupted(work
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")]),
            "IDC_TEST_HOLD": json.dumps({n: step for n, (_, step) in KILLED.items()}), "IDC_TEST_HELD": str(held)}
     cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir),
-           "--configfile", str(TEST_CONFIG), "--cores", "3", *_targets()]
+           "--configfile", str(TEST_CONFIG), "--cores", "3", *_targets(), "--resources", "cpu_jobs=3"]
+    # (the three runs held at once: more training processes than a 2-core machine's cpu_jobs limit allows)
     with open(tmp_path / "killed.out", "w") as out:
         # SIGINT as a terminal delivers it: a suite started in the background (`cmd &` in a script, as some CI
         # runners do) inherits SIGINT ignored, and the jobs would then never see the interrupt.
