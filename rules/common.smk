@@ -69,9 +69,10 @@ def devices(dataset, name):
 # Local CPU runs: at most nproc training processes at once (the `cpu_jobs` resource). `--cores` above the
 # machine's own (the README's `--cores 8` on a 2-core laptop) would otherwise start up to eight one-thread
 # training jobs on two cores: measured, six DUDA runs side by side on two cores used 9 % more CPU each than two at
-# a time, and the last long run ended alone. With the limit, `run_priority` starts the longest chains first.
+# a time. With the limit, `run_priority` starts the longest chains first, so the last to end are short runs.
 # No limit on a cluster (jobs run elsewhere) or where a GPU is (the gpu token orders them); `--resources
-# cpu_jobs=N` on the command line sets another.
+# cpu_jobs=N` on the command line sets another. (`register_resource` is how Snakemake adds a global resource
+# itself, e.g. for its pipe groups.)
 def _cpu_job_limit():
     try:
         local = workflow.local_exec
