@@ -1,9 +1,9 @@
 import json
-import os
 import shutil
 
 from pipeline.config import run_config, validate as validate_config
 from pipeline.errors import PipelineError
+from pipeline.utils.cores import available_cores
 
 try:
     validate_config(config, source="config")
@@ -78,8 +78,7 @@ def _cpu_job_limit():
         local = workflow.local_exec
     except AttributeError:  # a Snakemake without it: no limit rather than a wrong one
         return 0
-    nproc = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return nproc if local and not GPU_TOKEN else 0
+    return available_cores() if local and not GPU_TOKEN else 0
 
 
 CPU_JOB_LIMIT = _cpu_job_limit()

@@ -29,7 +29,6 @@ PROBE = textwrap.dedent("""
 
 
 def faults(mode: str, env: dict | None = None) -> tuple[str, int]:
-    env = {k: v for k, v in (env or os.environ).items()}
     out = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, check=True, env=env)
     applied, n = out.stdout.split()
     return applied, int(n)

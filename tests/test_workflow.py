@@ -372,13 +372,13 @@ def test_training_jobs_are_scheduled_longest_chain_first(tmp_path):
     # As Snakemake merges --configfile over the Snakefile's config (YAML aliases not shared: the JSON round trip)
     cfg = json.loads(json.dumps(yaml.safe_load((ROOT / "config" / "config.yaml").read_text())))
     update_config(cfg, yaml.safe_load(TEST_CONFIG.read_text()))
+    cost = lambda n: (lambda t: t["iterations"] * t.get("batch_size", 1))(run_config(cfg, "clevr_change", n)["train"])
     p = smk(tmp_path, TABLE, "--dry-run")
     jobs = re.findall(r"^(?:local)?rule (train|pretrain_idc_pcl|clip4idc_adapt):\n(.*?)(?=\n\n|\Z)",
                       p.stdout + p.stderr, flags=re.M | re.S)
     assert len(jobs) >= 10
     for rule, body in jobs:
         name = re.search(r"(?:method|name|adapt)=(\w+)", body).group(1)
-        cost = lambda n: (lambda t: t["iterations"] * t.get("batch_size", 1))(run_config(cfg, "clevr_change", n)["train"])
         after = [cost(m) for m, b in cfg["methods"].items() if b.get("init_from") == name]
         assert f"priority: {cost(name) + max(after, default=0)}" in body, (rule, name, body)
         assert f"cpu_jobs={0 if shutil.which('nvidia-smi') else 1}" in body, body  # no limit where a GPU is

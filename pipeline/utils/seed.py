@@ -9,6 +9,8 @@ import sys
 import numpy as np
 import torch
 
+from pipeline.utils.cores import available_cores  # noqa: F401  (re-exported: callers import it from here)
+
 
 def seed_everything(seed: int) -> None:
     random.seed(seed)
@@ -28,13 +30,6 @@ def pick_device(name: str = "auto") -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
-
-
-def available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def set_threads(requested: int = 0) -> int:
