@@ -66,19 +66,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=f"python -m pipeline {name}", description=STAGES[name][1])
     module.add_arguments(parser)
     args = parser.parse_args(argv[1:])
-    from pipeline import distributed
+    # A training stage (one with --hparams) with train.devices: N > 1 runs as N processes under torchrun
+    # (pipeline.distributed). Other stages never import it: it imports torch (~1.6 s of CPU a process).
+    distributed = None
+    if getattr(args, "hparams", None) is not None:
+        from pipeline import distributed
 
-    # A training stage with train.devices: N > 1 runs as N processes under torchrun (pipeline.distributed).
-    status = distributed.relaunch(argv, distributed.requested(getattr(args, "hparams", None)))
-    if status is not None:
-        return status
+        status = distributed.relaunch(argv, distributed.requested(args.hparams))
+        if status is not None:
+            return status
     try:
         module.run(args)
     except PipelineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     finally:
-        distributed.shutdown()  # a stage run by torchrun (train.devices > 1) leaves its process group
+        if distributed is not None:
+            distributed.shutdown()  # a stage run by torchrun (train.devices > 1) leaves its process group
     return 0
 
 
