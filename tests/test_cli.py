@@ -16,4 +16,3 @@ def test_a_stage_without_hparams_runs_without_importing_torch(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out[-2:] == ["0", "False"]
     assert (tmp_path / "text" / "labels.h5").exists()
-
