@@ -21,15 +21,21 @@ def validate(config: dict, schema_path: str | Path = SCHEMA, source: str = "conf
     validator = jsonschema.Draft202012Validator(schema)
     _raise_first(validator, config, source)
     check_references(config, source)
-    # A per-dataset override must leave a valid block: validate each merged block in the whole config's place.
+    # A dataset's run defaults and per-run overrides must leave valid blocks: validate each merged block in the
+    # whole config's place (every run's when the dataset has defaults).
     for dataset, block in (config.get("datasets") or {}).items():
         for name in (block.get("overrides") or {}):
-            section = run_section(config, name)
-            if section is None:
+            if run_section(config, name) is None:
                 raise PipelineError(f"{source}: datasets.{dataset}.overrides: {name!r} is neither under methods "
                                     f"nor under pretraining")
+        names = [*(config.get("methods") or {}), *(config.get("pretraining") or {})] if block.get("run_defaults") \
+            else list(block.get("overrides") or {})
+        for name in names:
+            section = run_section(config, name)
             merged = {**config, section: {**config[section], name: run_config(config, dataset, name)}}
-            _raise_first(validator, merged, f"{source}: datasets.{dataset}.overrides.{name} merged over {section}.{name}")
+            what = " and ".join(w for w, on in (("run_defaults", block.get("run_defaults")),
+                                                (f"overrides.{name}", name in (block.get("overrides") or {}))) if on)
+            _raise_first(validator, merged, f"{source}: datasets.{dataset}.{what} merged over {section}.{name}")
     check_devices(config, source)
     return config
 
@@ -118,15 +124,19 @@ def run_section(config: dict, name: str) -> str | None:
 
 def run_config(config: dict, dataset: str, name: str) -> dict:
     """The block of method or first-stage run ``name`` as it trains on ``dataset``: ``methods.<name>`` (or
-    ``pretraining.<name>``) with ``datasets.<dataset>.overrides.<name>`` deep-merged over it. Without an
-    override it is the configured block itself, so a run's parameters, and the DAG's view of them, do not
-    change when another dataset gains an override."""
+    ``pretraining.<name>``), with ``datasets.<dataset>.run_defaults`` (what every run on that dataset shares)
+    and then ``datasets.<dataset>.overrides.<name>`` deep-merged over it. Without either it is the configured
+    block itself, so a run's parameters, and the DAG's view of them, do not change when another dataset gains
+    defaults or an override."""
     section = run_section(config, name)
     if section is None:
         raise PipelineError(f"config: {name!r} is neither under methods nor under pretraining")
     block = config[section][name]
-    over = ((config.get("datasets") or {}).get(dataset) or {}).get("overrides", {}).get(name)
-    return merge(block, over) if over else block
+    ds = (config.get("datasets") or {}).get(dataset) or {}
+    for layer in (ds.get("run_defaults"), (ds.get("overrides") or {}).get(name)):
+        if layer:
+            block = merge(block, layer)
+    return block
 
 
 def load(path: str | Path) -> dict:

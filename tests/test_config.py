@@ -85,6 +85,32 @@ def test_dataset_overrides_merge_over_the_method_block():
     assert merge({"a": {"b": 1, "c": 2}, "d": [1]}, {"a": {"b": 3}, "d": [2]}) == {"a": {"b": 3, "c": 2}, "d": [2]}
 
 
+
+def test_dataset_run_defaults_merge_under_the_overrides():
+    cfg = yaml.safe_load((ROOT / ".test/config/config.yaml").read_text())
+    base = copy.deepcopy(cfg["methods"]["dirl"])
+    cfg["datasets"]["clevr_dc"]["run_defaults"] = {"train": {"precision": "fast", "lr": 0.25}}
+    cfg["datasets"]["clevr_dc"]["overrides"] = {"dirl": {"train": {"lr": 0.5}}}
+    validate(cfg)
+    # every run on the dataset gets the defaults; a run's own override wins over them
+    assert run_config(cfg, "clevr_dc", "dirl")["train"] == {**base["train"], "precision": "fast", "lr": 0.5}
+    for section in ("methods", "pretraining"):
+        for name, block in cfg[section].items():
+            assert run_config(cfg, "clevr_dc", name)["train"]["precision"] == "fast"
+            if name != "dirl":
+                assert run_config(cfg, "clevr_dc", name)["train"]["lr"] == 0.25
+            # other datasets untouched
+            assert "precision" not in run_config(cfg, "image_editing_request", name)["train"], name
+    assert cfg["methods"]["dirl"] == base
+    # a default that leaves some run's block invalid is named with that run
+    cfg["datasets"]["clevr_dc"]["run_defaults"] = {"train": {"learning_rate": 1.0}}
+    with pytest.raises(PipelineError, match=r"datasets\.clevr_dc\.run_defaults merged over methods\.\w+: unknown key "
+                                            r"'learning_rate'"):
+        validate(cfg, source="config")
+    cfg["datasets"]["clevr_dc"]["run_defaults"] = {"model": {"dim": 64}}  # model keys differ by method: train only
+    with pytest.raises(PipelineError, match=r"unknown key 'model' under datasets\.clevr_dc\.run_defaults"):
+        validate(cfg, source="config")
+
 def test_the_tiny_configuration_keeps_every_run_tiny_over_the_default():
     # tests/test_workflow.py passes .test/config/config.yaml with --configfile, which Snakemake merges over
     # config/config.yaml: a default budget the tiny file does not reset reaches the end-to-end test (CLEVR-Change's
