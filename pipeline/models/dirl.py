@@ -59,11 +59,14 @@ def channel_correlation(y_a: torch.Tensor, y_b: torch.Tensor, eps: float = 1e-6)
     """Eq. (3): C[i, j] = correlation over the rows (samples) of channel i of ``y_a`` and channel j of ``y_b``
     (the whole batch's rows when several processes share it)."""
     y_a, y_b = ddp.gather(y_a), ddp.gather(y_b)
-    y_a = y_a.float() - y_a.float().mean(0)
-    y_b = y_b.float() - y_b.float().mean(0)
-    y_a = y_a / y_a.norm(dim=0).clamp(min=eps)
-    y_b = y_b / y_b.norm(dim=0).clamp(min=eps)
-    return y_a.t() @ y_b
+    # float32 also under bf16 autocast, which would otherwise run the product below (a sum over every token of
+    # the batch) in bf16: 8 mantissa bits for correlations the loss pushes towards exactly 1 and 0.
+    with torch.autocast(y_a.device.type, enabled=False):
+        y_a = y_a.float() - y_a.float().mean(0)
+        y_b = y_b.float() - y_b.float().mean(0)
+        y_a = y_a / y_a.norm(dim=0).clamp(min=eps)
+        y_b = y_b / y_b.norm(dim=0).clamp(min=eps)
+        return y_a.t() @ y_b
 
 
 def decorrelation_loss(c: torch.Tensor, alpha: float = 0.003) -> torch.Tensor:
@@ -77,7 +80,8 @@ def decorrelation_loss(c: torch.Tensor, alpha: float = 0.003) -> torch.Tensor:
 def ccr_loss(words: torch.Tensor, attended: torch.Tensor, temperature: float = 0.5) -> torch.Tensor:
     """Eqs. (13)-(14): pooled word features [B, D] against pooled attended difference features [B, D]."""
     words, attended = ddp.gather(words), ddp.gather(attended)  # in-batch negatives: the whole batch
-    sim = words.float() @ attended.float().t() / temperature
+    with torch.autocast(words.device.type, enabled=False):  # float32 similarities, as channel_correlation
+        sim = words.float() @ attended.float().t() / temperature
     return info_nce_both_ways(sim)  # rows: text→visual (L_t2v); columns: visual→text (L_v2t)
 
 
