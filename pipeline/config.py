@@ -114,6 +114,17 @@ def merge(base: dict, over: dict) -> dict:
     return out
 
 
+def fill(base: dict, defaults: dict) -> dict:
+    """``base`` with what it lacks taken from ``defaults`` (a new dict; deep): the block's own settings win."""
+    out = dict(base)
+    for k, v in defaults.items():
+        if k not in out:
+            out[k] = v
+        elif isinstance(v, dict) and isinstance(out[k], dict):
+            out[k] = fill(out[k], v)
+    return out
+
+
 def run_section(config: dict, name: str) -> str | None:
     """``"methods"`` or ``"pretraining"``: the section that configures the run ``name`` (None: neither)."""
     for section in ("methods", "pretraining"):
@@ -124,19 +135,19 @@ def run_section(config: dict, name: str) -> str | None:
 
 def run_config(config: dict, dataset: str, name: str) -> dict:
     """The block of method or first-stage run ``name`` as it trains on ``dataset``: ``methods.<name>`` (or
-    ``pretraining.<name>``), with ``datasets.<dataset>.run_defaults`` (what every run on that dataset shares)
-    and then ``datasets.<dataset>.overrides.<name>`` deep-merged over it. Without either it is the configured
-    block itself, so a run's parameters, and the DAG's view of them, do not change when another dataset gains
-    defaults or an override."""
+    ``pretraining.<name>``), completed by ``datasets.<dataset>.run_defaults`` (what every run on that dataset
+    shares, where the block does not say otherwise), with ``datasets.<dataset>.overrides.<name>`` deep-merged
+    over the result. Without either it is the configured block itself, so a run's parameters, and the DAG's
+    view of them, do not change when another dataset gains defaults or an override."""
     section = run_section(config, name)
     if section is None:
         raise PipelineError(f"config: {name!r} is neither under methods nor under pretraining")
     block = config[section][name]
     ds = (config.get("datasets") or {}).get(dataset) or {}
-    for layer in (ds.get("run_defaults"), (ds.get("overrides") or {}).get(name)):
-        if layer:
-            block = merge(block, layer)
-    return block
+    if ds.get("run_defaults"):
+        block = fill(block, ds["run_defaults"])
+    over = (ds.get("overrides") or {}).get(name)
+    return merge(block, over) if over else block
 
 
 def load(path: str | Path) -> dict:

@@ -86,21 +86,26 @@ def test_dataset_overrides_merge_over_the_method_block():
 
 
 
-def test_dataset_run_defaults_merge_under_the_overrides():
+def test_dataset_run_defaults_fill_what_a_block_lacks_under_the_overrides():
     cfg = yaml.safe_load((ROOT / ".test/config/config.yaml").read_text())
     base = copy.deepcopy(cfg["methods"]["dirl"])
+    assert "precision" not in base["train"] and "lr" in base["train"]
+    # a block's own setting wins over the dataset's default (a copy: YAML anchors share the train blocks)
+    cfg["methods"]["scorer"]["train"] = {**cfg["methods"]["scorer"]["train"], "precision": "fp32"}
     cfg["datasets"]["clevr_dc"]["run_defaults"] = {"train": {"precision": "fast", "lr": 0.25}}
-    cfg["datasets"]["clevr_dc"]["overrides"] = {"dirl": {"train": {"lr": 0.5}}}
+    cfg["datasets"]["clevr_dc"]["overrides"] = {"dirl": {"train": {"lr": 0.5, "precision": "bf16"}}}
     validate(cfg)
-    # every run on the dataset gets the defaults; a run's own override wins over them
-    assert run_config(cfg, "clevr_dc", "dirl")["train"] == {**base["train"], "precision": "fast", "lr": 0.5}
+    # the override wins over both; every key neither names is the block's own
+    assert run_config(cfg, "clevr_dc", "dirl")["train"] == {**base["train"], "precision": "bf16", "lr": 0.5}
+    assert run_config(cfg, "clevr_dc", "scorer")["train"]["precision"] == "fp32"
     for section in ("methods", "pretraining"):
         for name, block in cfg[section].items():
-            assert run_config(cfg, "clevr_dc", name)["train"]["precision"] == "fast"
-            if name != "dirl":
-                assert run_config(cfg, "clevr_dc", name)["train"]["lr"] == 0.25
+            train = run_config(cfg, "clevr_dc", name)["train"]
+            if name not in ("dirl", "scorer"):
+                assert train["precision"] == "fast", name  # filled in: no block here sets it
+            assert train["lr"] == (0.5 if name == "dirl" else block["train"]["lr"]), name  # every block sets lr
             # other datasets untouched
-            assert "precision" not in run_config(cfg, "image_editing_request", name)["train"], name
+            assert "precision" not in run_config(cfg, "image_editing_request", name)["train"] or name == "scorer"
     assert cfg["methods"]["dirl"] == base
     # a default that leaves some run's block invalid is named with that run
     cfg["datasets"]["clevr_dc"]["run_defaults"] = {"train": {"learning_rate": 1.0}}
@@ -110,6 +115,7 @@ def test_dataset_run_defaults_merge_under_the_overrides():
     cfg["datasets"]["clevr_dc"]["run_defaults"] = {"model": {"dim": 64}}  # model keys differ by method: train only
     with pytest.raises(PipelineError, match=r"unknown key 'model' under datasets\.clevr_dc\.run_defaults"):
         validate(cfg, source="config")
+
 
 def test_the_tiny_configuration_keeps_every_run_tiny_over_the_default():
     # tests/test_workflow.py passes .test/config/config.yaml with --configfile, which Snakemake merges over
