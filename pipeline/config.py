@@ -24,17 +24,16 @@ def validate(config: dict, schema_path: str | Path = SCHEMA, source: str = "conf
     # A dataset's run defaults and per-run overrides must leave valid blocks: validate each merged block in the
     # whole config's place (every run's when the dataset has defaults).
     for dataset, block in (config.get("datasets") or {}).items():
-        for name in (block.get("overrides") or {}):
+        overrides, defaults = block.get("overrides") or {}, block.get("run_defaults")
+        for name in overrides:
             if run_section(config, name) is None:
                 raise PipelineError(f"{source}: datasets.{dataset}.overrides: {name!r} is neither under methods "
                                     f"nor under pretraining")
-        names = [*(config.get("methods") or {}), *(config.get("pretraining") or {})] if block.get("run_defaults") \
-            else list(block.get("overrides") or {})
+        names = [*(config.get("methods") or {}), *(config.get("pretraining") or {})] if defaults else list(overrides)
         for name in names:
             section = run_section(config, name)
             merged = {**config, section: {**config[section], name: run_config(config, dataset, name)}}
-            what = " and ".join(w for w, on in (("run_defaults", block.get("run_defaults")),
-                                                (f"overrides.{name}", name in (block.get("overrides") or {}))) if on)
+            what = " and ".join(["run_defaults"] * bool(defaults) + [f"overrides.{name}"] * (name in overrides))
             _raise_first(validator, merged, f"{source}: datasets.{dataset}.{what} merged over {section}.{name}")
     check_devices(config, source)
     return config
@@ -115,7 +114,8 @@ def merge(base: dict, over: dict) -> dict:
 
 
 def fill(base: dict, defaults: dict) -> dict:
-    """``base`` with what it lacks taken from ``defaults`` (a new dict; deep): the block's own settings win."""
+    """``base`` with what it lacks taken from ``defaults`` (a new dict; deep): the block's own settings win. Not
+    ``merge(defaults, base)``: that would put the defaults' keys first, and a run records its block as resolved."""
     out = dict(base)
     for k, v in defaults.items():
         if k not in out:

@@ -85,7 +85,6 @@ def test_dataset_overrides_merge_over_the_method_block():
     assert merge({"a": {"b": 1, "c": 2}, "d": [1]}, {"a": {"b": 3}, "d": [2]}) == {"a": {"b": 3, "c": 2}, "d": [2]}
 
 
-
 def test_dataset_run_defaults_fill_what_a_block_lacks_under_the_overrides():
     cfg = yaml.safe_load((ROOT / ".test/config/config.yaml").read_text())
     base = copy.deepcopy(cfg["methods"]["dirl"])

@@ -50,7 +50,6 @@ def test_ccr_loss_hand_computed():
     assert math.isclose(ccr_loss(words, attended, 1.0).item(), want1, rel_tol=1e-6)
 
 
-
 def test_statistics_stay_float32_under_bf16_autocast():
     # Under CPU bf16 autocast a plain float32 matmul runs in bf16 (~3 significant digits); the correlation over
     # every token of a batch and CCR's similarities must not.
@@ -63,6 +62,7 @@ def test_statistics_stay_float32_under_bf16_autocast():
         c, ccr = channel_correlation(y_a, y_b), ccr_loss(words, attended)
     assert c.dtype == torch.float32 and torch.allclose(c, want_c, atol=1e-6)
     assert math.isclose(ccr.item(), want_ccr.item(), rel_tol=1e-6)
+
 
 HP = dict(dim=16, heads=4, layers=2, mlp_dim=32, word_dim=8, decoder_heads=4, decoder_ffn_dim=32)
 
