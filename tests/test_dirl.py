@@ -37,6 +37,9 @@ def test_decorrelation_loss_hand_computed():
     y_b = torch.tensor([[1.0, 1.0], [-1.0, -1.0], [1.0, 1.0], [-1.0, -1.0]])
     # C = [[1, 1], [0, 0]]: diagonal (0)^2 + (1)^2, off-diagonal 1^2 + 0^2.
     assert math.isclose(decorrelation_loss(channel_correlation(y_a, y_b), 0.003).item(), 1.003, rel_tol=1e-5)
+    # DIRL Table 7: one term at a time, alpha unchanged.
+    assert math.isclose(decorrelation_loss(c, 0.003, discrimination=False).item(), 0.25, rel_tol=1e-6)
+    assert math.isclose(decorrelation_loss(c, 0.003, non_perturbation=False).item(), 0.003 * 0.05, rel_tol=1e-6)
 
 
 def test_ccr_loss_hand_computed():
@@ -83,7 +86,7 @@ def make(method, **kw):
     return build_model(method, 13, 12, {**HP, **kw})
 
 
-@pytest.mark.parametrize("method", ["transformer", "dirl", "transformer_ccr", "dirl_ccr"])
+@pytest.mark.parametrize("method", ["transformer", "dirl", "transformer_ccr", "dirl_ccr", "dirl_nonpert", "dirl_discrim"])
 def test_gradients_reach_every_trained_module(method):
     m = make(method)
     loss, parts = m.training_loss(small_batch())
@@ -116,6 +119,21 @@ def test_loss_is_the_weighted_sum_and_the_parts_are_the_papers_losses():
     w, v = masked_mean(out.words, labels[:, :-1]), masked_mean(out.attended, labels[:, :-1])
     ccr = 0.5 * ccr_loss(w[:b], v[:b]) + 0.5 * ccr_loss(w[b:], v[b:])
     assert math.isclose(p["ccr"], ccr.item(), rel_tol=1e-5)
+
+
+@pytest.mark.parametrize("method, on, off", [("dirl", True, True), ("dirl_nonpert", True, False),
+                                             ("dirl_discrim", False, True)])
+def test_table7_rows_keep_their_terms_of_eq4(method, on, off):
+    m = make(method, dirl_weight=0.5).eval()
+    batch = small_batch()
+    _, p = m.training_loss(batch)
+    y = m.mlp(m.embed(torch.cat([batch["before"], batch["after"], batch["distractor"]]))).reshape(3, -1, HP["dim"])
+    cs = [channel_correlation(y[0], y[1]), channel_correlation(y[0], y[2])]
+    diag = [(1 - torch.diagonal(c)).pow(2).sum().item() for c in cs]
+    offd = [(c.pow(2).sum() - torch.diagonal(c).pow(2).sum()).item() for c in cs]
+    want = sum(on * d + 0.003 * off * o for d, o in zip(diag, offd)) / 2
+    assert min(diag) > 0.1 and min(offd) > 0.1  # both terms are far from zero at initialisation
+    assert math.isclose(p["dirl"], want, rel_tol=1e-5)
 
 
 def test_mlp_is_trained_only_by_the_decorrelation_loss():

@@ -81,6 +81,8 @@ CASES = {
     "rr_cbr": (TRANSFORMER | dict(cbr_heads=2), "grid", 300, 1e-3),
     "dirl_ccr": (TRANSFORMER | dict(mlp_dim=64), "grid", 300, 1e-3),
     "dirl": (TRANSFORMER | dict(mlp_dim=64), "grid", 300, 1e-3),
+    "dirl_nonpert": (TRANSFORMER | dict(mlp_dim=64), "grid", 300, 1e-3),
+    "dirl_discrim": (TRANSFORMER | dict(mlp_dim=64), "grid", 300, 1e-3),
     "transformer": (TRANSFORMER | dict(mlp_dim=64), "grid", 300, 1e-3),
     "transformer_ccr": (TRANSFORMER | dict(mlp_dim=64), "grid", 300, 1e-3),
 }

@@ -405,6 +405,21 @@ def test_ordering_falls_back_to_another_dataset_and_says_so(tmp_path):
     assert single["holds"] is None and "no ordering to compare" in single["statement"]
 
 
+def test_dirl_table7_rows_are_compared_with_their_paper_rows(tmp_path):
+    """DIRL Table 7 (CLEVR-DC): the rows with one term of Eq. (4) carry the paper's numbers (CIDEr 79.3, 79.5;
+    Transformer 79.6 and DIRL 81.8 from Table 6) and the table says whether their ordering holds."""
+    runs = [_run(tmp_path, m, 0, "reproduced", c, dataset="clevr_dc")
+            for m, c in (("transformer", 0.5), ("dirl_nonpert", 0.6), ("dirl_discrim", 0.7), ("dirl", 0.8))]
+    out = tmp_path / "t" / "clevr_dc_ablation_dirl_terms.csv"
+    assert main(["table", "--dataset", "clevr_dc", "--runs", *map(str, runs), "--out", str(out), "--paper-methods",
+                 "--orderings"]) == 0
+    paper = {r["method"]: r["CIDEr"] for r in _read(out) if r["kind"] == "paper"}
+    assert {m: float(paper[m]) for m in ("dirl_nonpert", "dirl_discrim")} == {"dirl_nonpert": 79.3, "dirl_discrim": 79.5}
+    total = next(o for o in json.loads(out.with_suffix(".meta.json").read_text())["orderings"] if o["block"] == "total")
+    assert [m for m, _ in total["paper"]] == ["dirl_nonpert", "dirl_discrim", "transformer", "dirl"]
+    assert total["holds"] is False and total["inverted"]
+
+
 def test_retrieval_table_shares_the_compact_columns_and_notes(tmp_path):
     d = tmp_path / "clip4idc_adapt" / "seed0"
     config = {"model": {"clip": {"vision_width": 32, "vision_layers": 4}, "n_intra": 3},

@@ -28,6 +28,8 @@ REGISTRY: dict[str, tuple[str, str]] = {
     # DIRL + CCR and the ablations of its Table 6 ("Transformer + DIRL" is `dirl`).
     "transformer": ("pipeline.models.dirl", "Transformer"),
     "dirl": ("pipeline.models.dirl", "DIRL"),
+    "dirl_nonpert": ("pipeline.models.dirl", "DIRLNonPerturbation"),  # Table 7: Eq. (4)'s first term only
+    "dirl_discrim": ("pipeline.models.dirl", "DIRLDiscrimination"),  # Table 7: its second term only
     "transformer_ccr": ("pipeline.models.dirl", "TransformerCCR"),
     "dirl_ccr": ("pipeline.models.dirl", "DIRLCCR"),
 }

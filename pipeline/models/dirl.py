@@ -1,4 +1,4 @@
-"""DIRL and CCR (Tu et al., ECCV 2024), with the ablations of its Table 6 (method ids in parentheses).
+"""DIRL and CCR (Tu et al., ECCV 2024), with the ablations of its Tables 6 and 7 (method ids in parentheses).
 
 Vanilla Transformer (``transformer``): the CNN grids are embedded (1×1 conv + learned positions, Eq. 1);
 ``layers`` cross-view attention layers extract the features each image shares with the other (Eq. 5), which
@@ -10,7 +10,8 @@ code's dropout there draws different masks for the before and after tokens, a co
 projects every position's token of both images; the channel correlation matrix C between the before and
 after projections, computed over all tokens of the batch (Eq. 3), is pushed to the identity:
 L_dirl = Σ_i (1 − C_ii)² + α Σ_{i≠j} C_ij² (Eq. 4, α = 0.003 as released). The MLP is a projection head:
-its output feeds only this loss (Eq. 5 uses the embedded tokens).
+its output feeds only this loss (Eq. 5 uses the embedded tokens). Table 7 keeps one term: the first,
+non-perturbation (``dirl_nonpert``), or the second, discrimination (``dirl_discrim``), with λ_d and α unchanged.
 
 CCR (``transformer_ccr``, ``dirl_ccr``, §3.5): in the decoder's last layer the word features Ê[W] (self-
 attention sub-layer output) and the attended difference features V̂ (cross-attention output) are mean-pooled
@@ -69,11 +70,13 @@ def channel_correlation(y_a: torch.Tensor, y_b: torch.Tensor, eps: float = 1e-6)
         return y_a.t() @ y_b
 
 
-def decorrelation_loss(c: torch.Tensor, alpha: float = 0.003) -> torch.Tensor:
-    """Eq. (4): diagonal of C to one, off-diagonal to zero with trade-off ``alpha``."""
+def decorrelation_loss(c: torch.Tensor, alpha: float = 0.003, non_perturbation: bool = True,
+                       discrimination: bool = True) -> torch.Tensor:
+    """Eq. (4): diagonal of C to one (the non-perturbation term), off-diagonal to zero with trade-off ``alpha``
+    (the discrimination term); Table 7 keeps one term at a time."""
     diag = torch.diagonal(c)
-    on = (1 - diag).pow(2).sum()
-    off = c.pow(2).sum() - diag.pow(2).sum()
+    on = (1 - diag).pow(2).sum() if non_perturbation else c.new_zeros(())
+    off = c.pow(2).sum() - diag.pow(2).sum() if discrimination else c.new_zeros(())
     return on + alpha * off
 
 
@@ -89,6 +92,7 @@ class Transformer(CaptionModel):
     """The vanilla Transformer of DIRL's Table 6; DIRL and CCR switch on below."""
 
     decorrelation = False
+    non_perturbation = discrimination = True  # Eq. (4)'s two terms (DIRL Table 7 drops one)
     use_ccr = False
 
     def __init__(self, vocab_size: int, feat_dim: int = 1024, dim: int = 512, heads: int = 8, layers: int = 2,
@@ -129,7 +133,8 @@ class Transformer(CaptionModel):
         if self.decorrelation and self.dirl_weight > 0:
             # Tokens as samples (all positions of the batch); the before image's projection serves all its pairs.
             y_bef, *y_afts = (self.mlp(t).flatten(0, 1) for t in (x_bef, *x_afts))
-            dirl = pair_mean([decorrelation_loss(channel_correlation(y_bef, y), self.offdiag_weight) for y in y_afts])
+            dirl = pair_mean([decorrelation_loss(channel_correlation(y_bef, y), self.offdiag_weight,
+                                                 self.non_perturbation, self.discrimination) for y in y_afts])
             aux = aux + self.dirl_weight * dirl
             loss_parts["dirl"] = dirl.item()
         diff = self.encode(torch.cat([x_bef] * len(afters)), x_aft)
@@ -153,6 +158,18 @@ class DIRL(Transformer):
     """Transformer + DIRL (Table 6, row 2)."""
 
     decorrelation = True
+
+
+class DIRLNonPerturbation(DIRL):
+    """DIRL with Eq. (4)'s first term only (Table 7, row 2): C_ii -> 1, no decorrelation between channels."""
+
+    discrimination = False
+
+
+class DIRLDiscrimination(DIRL):
+    """DIRL with Eq. (4)'s second term only (Table 7, row 3): C_ij -> 0 for i != j, weighted by alpha."""
+
+    non_perturbation = False
 
 
 class TransformerCCR(Transformer):
