@@ -25,7 +25,7 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "rr_cbr": ("pipeline.models.scorer", "RRCBR"),
     "scorer": ("pipeline.models.scorer", "SCORER"),
     "scorer_cbr": ("pipeline.models.scorer", "SCORERCBR"),
-    # DIRL + CCR and the ablations of its Table 6 ("Transformer + DIRL" is `dirl`).
+    # DIRL + CCR and the ablations of its Tables 6 and 7 ("Transformer + DIRL" is `dirl`).
     "transformer": ("pipeline.models.dirl", "Transformer"),
     "dirl": ("pipeline.models.dirl", "DIRL"),
     "dirl_nonpert": ("pipeline.models.dirl", "DIRLNonPerturbation"),  # Table 7: Eq. (4)'s first term only
