@@ -224,6 +224,21 @@ def test_adaptation_gradients_reach_both_encoders_embeddings_and_temperature():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
 
 
+def test_adaptation_with_frozen_intra_layers_trains_only_the_joint_layers_text_side_and_temperature():
+    torch.manual_seed(0)
+    m = CLIP4IDCAdapt(text_vocab_size=20, eos_id=END, clip=SMALL, n_intra=2, freeze_intra=True)
+    frozen = {n for n, p in m.named_parameters() if not p.requires_grad}
+    assert frozen == {n for n, _ in m.named_parameters()
+                      if n.startswith(("encoder.vit.embeddings.", "encoder.vit.pre_layrnorm.",
+                                       "encoder.vit.encoder.layers.0.", "encoder.vit.encoder.layers.1."))}
+    assert sum(len(g["params"]) for g in m.param_groups(1e-3)) == len(list(m.parameters())) - len(frozen)
+    m.training_loss({"before": pixels(3, 0), "after": pixels(3, 1), "text": labels(3, 20, 0)})[0].backward()
+    for name in ("encoder.vit.encoder.layers.2.mlp.fc1.weight", "encoder.joint_position", "encoder.proj.weight",
+                 "text_proj.weight", "logit_scale"):
+        p = dict(m.named_parameters())[name]
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
 def test_caption_loss_is_the_official_sum_and_gradients_reach_encoder_and_captioner():
     torch.manual_seed(0)
     m = CLIP4IDC(vocab_size=20, clip=SMALL, n_intra=2, **CAP).eval()  # eval: no dropout, to recompute
@@ -252,6 +267,54 @@ def test_frozen_encoder_gets_no_gradient_and_no_optimiser_group():
     m.training_loss(triplet_batch())[0].backward()
     assert all(p.grad is None for p in m.encoder.parameters())
     assert len(m.param_groups(1e-4)) == 1
+
+
+def test_frozen_encoder_cache_runs_the_vit_once_per_image_and_changes_nothing(monkeypatch):
+    torch.manual_seed(0)
+    m = CLIP4IDC(vocab_size=20, clip=SMALL, n_intra=2, freeze_encoder=True, encoder_cache_mb=1, **CAP).eval()
+    batch = {k: (v.to(torch.uint8) if v.is_floating_point() else v) for k, v in triplet_batch().items()}
+    calls = []
+    intra = m.encoder.intra
+    monkeypatch.setattr(m.encoder, "intra", lambda x: calls.append(len(x)) or intra(x))
+    loss = m.training_loss(batch)[0]
+    assert calls == [1] * 9  # each of the 3 before, 3 after, 3 distractor images alone
+    assert torch.equal(m.training_loss(batch)[0], loss) and len(calls) == 9  # all hits: the ViT did not run
+    # A model with an empty cache (a resumed run) gives the same loss exactly; the uncached batched pass the same
+    # up to float rounding.
+    torch.manual_seed(0)
+    fresh = CLIP4IDC(vocab_size=20, clip=SMALL, n_intra=2, freeze_encoder=True, encoder_cache_mb=1, **CAP).eval()
+    assert torch.equal(fresh.training_loss(batch)[0], loss)
+    fresh.cache_limit = 0
+    assert torch.allclose(fresh.training_loss(batch)[0], loss, atol=1e-5)
+    # A changed image is a new key, not a stale hit.
+    batch["after"][0, 0, 0, 0] ^= 1
+    m.training_loss(batch)
+    assert len(calls) == 10
+
+
+def test_frozen_intra_layers_train_the_joint_layers_from_the_cache():
+    torch.manual_seed(0)
+    m = CLIP4IDC(vocab_size=20, clip=SMALL, n_intra=2, freeze_intra=True, encoder_cache_mb=1, **CAP)
+    batch = {k: (v.to(torch.uint8) if v.is_floating_point() else v) for k, v in triplet_batch().items()}
+    m.training_loss(batch)[0].backward()
+    grads = {n: p.grad for n, p in m.encoder.named_parameters()}
+    assert all(grads[n] is None for n in grads if n.startswith(("vit.embeddings.", "vit.pre_layrnorm.",
+                                                                   "vit.encoder.layers.0.", "vit.encoder.layers.1.")))
+    for n in ("vit.encoder.layers.2.mlp.fc1.weight", "vit.encoder.layers.3.self_attn.q_proj.weight",
+              "joint_position", "proj.weight"):
+        assert grads[n] is not None and grads[n].abs().sum() > 0, n
+    assert len(m._intra_cache) == 9 and [g["lr"] for g in m.param_groups(1.0)] == [1.0, 1e-3]
+
+
+def test_frozen_encoder_cache_stays_under_its_limit_and_needs_a_frozen_encoder():
+    m = CLIP4IDC(vocab_size=20, clip=SMALL, n_intra=2, freeze_encoder=True, encoder_cache_mb=0.01, **CAP).eval()
+    x = pixels(8, 0).to(torch.uint8)
+    per_image = m.encoder.intra(x[:1])[0].nbytes  # 50 tokens x 32 channels x 4 bytes
+    out = m.cached_intra(x)
+    assert len(m._intra_cache) == int(0.01 * 2 ** 20) // per_image < 8
+    assert torch.allclose(out, m.encoder.intra(x), atol=1e-5)
+    with pytest.raises(PipelineError, match="freeze_encoder"):
+        CLIP4IDC(vocab_size=20, clip=SMALL, n_intra=2, encoder_cache_mb=1, **CAP)
 
 
 def test_init_from_adaptation_copies_the_encoder_and_checks_the_split():
@@ -442,3 +505,26 @@ def test_default_config_trains_one_small_clip_that_the_captioners_start_from():
     cap = CLIP4IDC(vocab_size=20, **cfg["methods"]["clip4idc"]["model"])
     cap.init_from(adapt.state_dict())
     torch.testing.assert_close(cap.encoder.state_dict(), adapt.encoder.state_dict())
+
+
+def test_every_datasets_clip_captioners_load_the_adaptation_they_start_from():
+    """Resolved per dataset (its overrides merged): an override that changes the adaptation's encoder (e.g. the
+    cross-cell bias) without its captioners, or the reverse, would fail only after the adaptation has run."""
+    from pipeline.config import load, run_config
+
+    root = Path(__file__).resolve().parent.parent
+    cfg = load(root / "config" / "config.yaml")
+    checked = 0
+    for dataset in cfg["datasets"]:
+        for m, block in cfg["methods"].items():
+            init = block.get("init_from") or ""
+            if block.get("backbone") != "clip_pixels224" or not init.startswith("clip4idc_adapt"):
+                continue
+            adapt_hp = dict(run_config(cfg, dataset, init)["model"])
+            adapt_hp.pop("text_tokens", None)
+            cap_hp = run_config(cfg, dataset, m)["model"]
+            torch.manual_seed(0)
+            adapt = CLIP4IDCAdapt(text_vocab_size=20, eos_id=END, **adapt_hp)
+            CLIP4IDC(vocab_size=20, **cap_hp).init_from(adapt.state_dict())
+            checked += 1
+    assert checked >= 2 * len(cfg["datasets"])

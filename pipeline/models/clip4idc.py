@@ -55,6 +55,14 @@ patch i of the other wherever the two images' tokens meet (the inter layers; the
 only joint stack). The same term as IDC-PCL's (``pipeline.models.idc_pcl``, where the measurements are): on the
 small CPU budgets a single stream over both images does not find which tokens to compare by itself.
 
+Frozen encoder (``freeze_encoder``; CLIP4IDC Table 7 and, on the CPU default, the paper's 1e-7 taken to 0): no
+gradient and no optimiser group for the vision encoder. ``encoder_cache_mb`` then keeps each training image's
+intra-layer output (keyed by its pixels' bytes, computed for that image alone, up to that many MiB) so the ViT
+runs once per image instead of once per epoch; decoding does not use it. ``freeze_intra`` (adaptation only, a
+deviation of the CPU default) adapts the joint layers, the text encoder and the temperature on intra layers held
+at their initialisation: trained from scratch at chance, the whole ViT's adaptation degrades features that a
+captioner can read (measured, ``config/config.yaml``).
+
 Text tokens for the adaptation (``text_tokens``): ``words`` uses the pipeline's word vocabulary (its own,
 randomly initialised token embedding; only valid with ``weights: random``); ``clip_bpe`` uses CLIP's byte-pair
 encoding (:class:`ClipBPE`, needs ``bpe_simple_vocab_16e6.txt.gz``, which ships with the ``open_clip_torch``
@@ -66,6 +74,7 @@ initialised state dict in the OpenAI layout (the real file cannot be downloaded 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import html
 import math
 import os
@@ -176,6 +185,11 @@ class PairEncoder(nn.Module):
     @property
     def layers(self):
         return self.vit.encoder.layers
+
+    def freeze_intra(self) -> None:
+        """Hold the patch embedding and the intra layers at their weights (``freeze_intra``, module docstring)."""
+        for part in (self.vit.embeddings, self.vit.pre_layrnorm, *self.layers[:self.n_intra]):
+            part.requires_grad_(False)
 
     def intra(self, pixels: torch.Tensor) -> torch.Tensor:
         """F_intra on each image alone: pixels [N, 3, S, S] in 0-255 -> [N, T, width]."""
@@ -530,7 +544,7 @@ class CLIP4IDC(CaptionModel):
                  weights_dir: str = "resources/weights", clip: dict | None = None, n_intra: int = 9,
                  joint_position: bool = True, freeze_encoder: bool = False, encoder_lr_mult: float = 1e-3,
                  layers: int = 3, heads: int = 8, ffn: int = 2048, dropout: float = 0.1, max_positions: int = 64,
-                 cross_cell_bias: float = 0.0):
+                 cross_cell_bias: float = 0.0, encoder_cache_mb: float = 0.0, freeze_intra: bool = False):
         super().__init__()
         if feat_dim != 3:
             raise PipelineError(f"CLIP4IDC reads raw pixels (backbone clip_pixels224, 3 channels); the feature "
@@ -544,6 +558,17 @@ class CLIP4IDC(CaptionModel):
                                                          text_proj=None, logit_scale=None))
         if freeze_encoder:
             self.encoder.requires_grad_(False)
+        elif freeze_intra:
+            self.encoder.freeze_intra()
+        if encoder_cache_mb and not (freeze_encoder or freeze_intra):
+            raise PipelineError("model.encoder_cache_mb caches the frozen intra layers' output: it needs "
+                                "model.freeze_encoder or model.freeze_intra")
+        # Frozen, the intra pass is a fixed function of the image: computed once per image (alone, so that
+        # the cached value does not depend on the batch it first came in, and a resumed run equals an
+        # uninterrupted one), up to this many bytes. Training then runs the ViT only on new images.
+        self.cache_limit = int(encoder_cache_mb * 2 ** 20)
+        self._intra_cache: dict[bytes, torch.Tensor] = {}
+        self._cache_bytes = 0
 
     # One fused Adam kernel instead of ~10 per tensor: the for-loop Adam over CLIP's 88 M parameters costs
     # several seconds per step on a 2-core CPU, as much as the forward pass of a small batch.
@@ -581,9 +606,26 @@ class CLIP4IDC(CaptionModel):
         stacked [nB, 2T, D]; the before image's intra pass is shared."""
         b = before.size(0)
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.freeze_encoder):
-            h = self.encoder.intra(torch.cat([before, *afters]))
+            pixels = torch.cat([before, *afters])
+            h = self.cached_intra(pixels) if self.cache_limit else self.encoder.intra(pixels)
             hb, *ha = h.split(b)
             return self.encoder.inter(torch.cat([hb] * len(afters)), torch.cat(ha))
+
+    def cached_intra(self, pixels: torch.Tensor) -> torch.Tensor:
+        """F_intra of each image, from the cache (keyed by the image's bytes) or computed alone and kept while
+        the cache is under ``encoder_cache_mb``; [N, T, width]."""
+        rows = []
+        for img in pixels:
+            key = hashlib.blake2b(img.cpu().numpy().tobytes(), digest_size=16).digest()
+            h = self._intra_cache.get(key)
+            if h is None:
+                with torch.no_grad():
+                    h = self.encoder.intra(img[None])[0]
+                if self._cache_bytes + h.nbytes <= self.cache_limit:
+                    self._intra_cache[key] = h
+                    self._cache_bytes += h.nbytes
+            rows.append(h)
+        return torch.stack(rows)
 
     def training_loss(self, batch):
         b = batch["before"].size(0)
@@ -606,7 +648,7 @@ class CLIP4IDCAdapt(nn.Module):
     def __init__(self, text_vocab_size: int, eos_id: int, weights: str = "random",
                  weights_dir: str = "resources/weights", clip: dict | None = None, n_intra: int = 9,
                  joint_position: bool = True, text_tokens: str = "words", encoder_lr_mult: float = 1.0,
-                 cross_cell_bias: float = 0.0):
+                 cross_cell_bias: float = 0.0, freeze_intra: bool = False):
         super().__init__()
         from transformers import CLIPTextModel
 
@@ -627,6 +669,8 @@ class CLIP4IDCAdapt(nn.Module):
         self.encoder_lr_mult = encoder_lr_mult
         # Pretrained weights come with BPE tokens only (checked above), so the whole OpenAI layout is loaded.
         self.weights_identity = "CLIP " + _apply_weights(self, weights, weights_dir, openai_key_map(shape))
+        if freeze_intra:  # a deviation (module docstring): only the joint layers, the text side and tau adapt
+            self.encoder.freeze_intra()
 
     optimizer_options = {"fused": True}
 
