@@ -58,10 +58,10 @@ small CPU budgets a single stream over both images does not find which tokens to
 Frozen encoder (``freeze_encoder``; CLIP4IDC Table 7 and, on the CPU default, the paper's 1e-7 taken to 0): no
 gradient and no optimiser group for the vision encoder. ``encoder_cache_mb`` then keeps each training image's
 intra-layer output (keyed by its pixels' bytes, computed for that image alone, up to that many MiB) so the ViT
-runs once per image instead of once per epoch; decoding does not use it. ``freeze_intra`` (adaptation only, a
-deviation of the CPU default) adapts the joint layers, the text encoder and the temperature on intra layers held
-at their initialisation: trained from scratch at chance, the whole ViT's adaptation degrades features that a
-captioner can read (measured, ``config/config.yaml``).
+runs once per image instead of once per epoch; decoding does not use it. ``freeze_intra`` (a deviation of the
+CPU default) holds the patch embedding and the intra layers at their initialisation and trains the rest: in the
+adaptation the joint layers, the text encoder and the temperature (trained from scratch at chance, the whole
+ViT's adaptation left features its captioner could not read; measured, ``config/config.yaml``).
 
 Text tokens for the adaptation (``text_tokens``): ``words`` uses the pipeline's word vocabulary (its own,
 randomly initialised token embedding; only valid with ``weights: random``); ``clip_bpe`` uses CLIP's byte-pair
