@@ -213,6 +213,8 @@ def label_embedding_inputs(labels: torch.Tensor):
 
 
 class AuxiliaryTraining(CaptionModel):
+    optimizer_options = {"fused": True}  # as the primary models' (pipeline.models.duda)
+
     def __init__(self, vocab_size: int, feat_dim: int, primary: str = "duda", primary_model: dict | None = None,
                  embed_dim: int = 512, word_dim: int = 512, img_hidden: int = 256, text_dropout: float = 0.1,
                  gamma: float = 0.5, n_candidates: int | None = None, xi: int = 30, candidates: str = "curriculum",

@@ -21,6 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from pipeline.models.dropout import Dropout
 from pipeline.models.duda import coordinates
 
 
@@ -54,7 +55,7 @@ class TextEncoder(nn.Module):
         super().__init__()
         self.embedding = nn.Embedding(vocab_size, word_dim)
         self.lstm = nn.LSTM(word_dim, hidden, batch_first=True)
-        self.out = nn.Sequential(nn.Dropout(dropout), nn.Linear(hidden, embed_dim))
+        self.out = nn.Sequential(Dropout(dropout), nn.Linear(hidden, embed_dim))
 
     @property
     def w_emb(self) -> torch.Tensor:
