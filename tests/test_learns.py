@@ -69,7 +69,7 @@ CASES = {
     "duda_aux_easy": (AUX, "grid", 700, 3e-3),
     # IDC-PCL: 1500 steps, since its learned image positions (config: img_positions learned) start at std 0.02
     # and this batch's changes are told apart by their cell (300 suffice with the paper's fixed sinusoids). At 600
-    # the full model reproduced 6+ captions on one CPU (AMD EPYC) and 5/8 on another (Intel Xeon, torch seeds 1-3,
+    # the full model reproduced 6+ captions on the 2026-11-29 machine and CI, 5/8 on an Intel Xeon (torch seeds 1-3,
     # 2026-11-30); at 1500 it passes there with seeds 1-3 and the two ablations still fail (strict xfail below).
     "idc_pcl": (IDC_PCL, "grid", 1500, 1e-3),
     "idc_pcl_no_de": (IDC_PCL, "grid", 1500, 1e-3),
