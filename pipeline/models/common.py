@@ -42,6 +42,14 @@ class CaptionModel(nn.Module, abc.ABC):
         """Greedy decoding."""
 
 
+def autocast_cast(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in the autocast dtype where autocast is on (else as is). Autocast casts a tensor that is not a
+    parameter anew for every product it enters; a tensor used many times (a grid, a per-sequence weight slice) is
+    cast once with this instead."""
+    dev = t.device.type
+    return t.to(torch.get_autocast_dtype(dev)) if torch.is_autocast_enabled(dev) else t
+
+
 def sequence_ce(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy over the non-padding target tokens (padding id 0); ``<END>`` is a target. With several
     processes, over the tokens of the whole batch (``pipeline.distributed``)."""

@@ -27,7 +27,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from pipeline import distributed as ddp
-from pipeline.models.common import CaptionModel, ce_parts, group_slices, pair_groups, pair_mean, sequence_ce
+from pipeline.models.common import (CaptionModel, autocast_cast, ce_parts, group_slices, pair_groups, pair_mean,
+                                    sequence_ce)
 from pipeline.models.dropout import Dropout
 from pipeline.text import END, START
 
@@ -86,11 +87,8 @@ class ChangeDetector(nn.Module):
         hid = weight.size(0)
         w_xy = weight[:, c:c + 2]
         # Cells as rows, [1+n, B, HW, C], in one copy: both products below then read it as stored (matmul would
-        # otherwise copy a transposed [B·HW, C] grid for the projection, bmm one for the pooling). Cast once under
-        # autocast, which would cast this non-parameter again for each product.
-        imgs = torch.stack([x.flatten(2).transpose(1, 2) for x in (bef, *afts)])
-        if torch.is_autocast_enabled(imgs.device.type):
-            imgs = imgs.to(torch.get_autocast_dtype(imgs.device.type))
+        # otherwise copy a transposed [B·HW, C] grid for the projection, bmm one for the pooling), cast once.
+        imgs = autocast_cast(torch.stack([x.flatten(2).transpose(1, 2) for x in (bef, *afts)]))
         # W_x and W_d stacked: one [B·HW, C] x [C, 2·hidden] product instead of two einsums (measured, one core,
         # bf16 autocast, layer4 batch 32: 37 against 120 ms forward + backward).
         w_both = torch.cat([weight[:, :c], weight[:, self.dim:self.dim + c]])
@@ -152,9 +150,7 @@ class DynamicSpeaker(nn.Module):
         # The h_lang part of the attention LSTM's input weight, sliced once per sequence: sliced at every step,
         # each step's backward zero-fills and adds a gradient of the whole [4H, 2H] weight (and copies the
         # non-contiguous slice for the product), ~20 % of a step at the default sizes.
-        w_att_h = self.att_lstm.weight_ih[:, h:].contiguous()
-        if torch.is_autocast_enabled(u.device.type):  # cast once: autocast casts a non-parameter at every step
-            w_att_h = w_att_h.to(torch.get_autocast_dtype(u.device.type))
+        w_att_h = autocast_cast(self.att_lstm.weight_ih[:, h:].contiguous())  # once, not at every step
         z = u.new_zeros(u.size(0), h)
         return u, (att_u, w_att_h), lang_f, ((z, z), (z, z))
 
