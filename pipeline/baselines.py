@@ -44,12 +44,27 @@ def most_frequent_caption(captions: Iterable[str]) -> str:
     return min(counts.items(), key=lambda kv: (-kv[1], kv[0]))[0]
 
 
-def most_frequent_training_caption(records: Sequence[dict]) -> str:
-    """Most frequent caption over the references of every training pair (exact string count)."""
+def _training_captions(records: Sequence[dict]) -> list[str]:
     caps = [c for r in records if r.get("split") == "train" for c in r.get("captions") or []]
     if not caps:
         raise PipelineError("manifest has no training captions")
-    return most_frequent_caption(caps)
+    return caps
+
+
+def most_frequent_training_caption(records: Sequence[dict]) -> str:
+    """Most frequent caption over the references of every training pair (exact string count)."""
+    return most_frequent_caption(_training_captions(records))
+
+
+def caption_margin(records: Sequence[dict]) -> dict:
+    """How clear the most frequent training caption's lead is: its count, the runner-up and its count, and the
+    number of training references. Recorded because on CLEVR-Change the nine no-change phrasings are drawn
+    equally often, so the winner is a near-tie whose pick sets the row's score (docs/measurements.md)."""
+    caps = _training_captions(records)
+    ranked = sorted(Counter(caps).items(), key=lambda kv: (-kv[1], kv[0]))
+    (first, n_first), runner = ranked[0], (ranked[1] if len(ranked) > 1 else (None, 0))
+    return {"caption": first, "count": n_first, "runner_up": runner[0], "runner_up_count": runner[1],
+            "training_references": len(caps)}
 
 
 def _pool(x: np.ndarray) -> np.ndarray:
@@ -210,5 +225,7 @@ def run(args: argparse.Namespace) -> None:
             "feature_code_version": str(feature_attrs.get("code_version")) if feature_attrs else None,
         },
     }
+    if args.kind == "most_frequent":
+        run_info["config"]["caption_margin"] = caption_margin(records)
     write_json(out_dir / "run.json", run_info)
     print(f"{args.kind}: wrote {', '.join(f'{len(preds[s])} {s}' for s in EVAL_SPLITS)} predictions to {out_dir}")

@@ -279,6 +279,13 @@ def _group_notes(g: Group, dataset: str) -> list[str]:
     name = DATASET_NAMES.get(dataset, dataset)
     weights = "; ".join(dict.fromkeys(g.weights))
     notes = [SANITY_NOTES.get(g.method, "sanity baseline")] if g.kind == "sanity" else []
+    margin = next((r.get("config", {}).get("caption_margin") for r in g.runs
+                   if r.get("config", {}).get("caption_margin")), None)
+    if g.method == "most_frequent" and margin:  # how near a tie the caption won (the row's score rests on it)
+        runner = (f"; the next, '{margin['runner_up']}', {margin['runner_up_count']:,}"
+                  if margin.get("runner_up") else "")
+        notes[0] += (f": '{margin['caption']}' ({margin['count']:,} of {margin['training_references']:,} "
+                     f"training references{runner})")
     comparable = g.source == "official"
     if not comparable:
         notes.append(f"trained (sanity rows: built) and evaluated on {g.source} {name} data: not comparable to the paper rows")

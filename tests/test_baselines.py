@@ -78,6 +78,10 @@ def test_most_frequent_caption_ties_lexicographic():
     preds = bl.predict("most_frequent", records)
     assert {p["caption"] for s in ("val", "test") for p in preds[s]} == {"c0 a"}
     assert [p["image_id"] for p in preds["test"]] == ["s0.png", "s0.png_n"]
+    # how clear the lead is: the same count for the runner-up (a tie lost on the string order)
+    train_refs = sum(len(r["captions"]) for r in records if r["split"] == "train")
+    assert bl.caption_margin(records) == {"caption": "c0 a", "count": 2, "runner_up": "no change",
+                                          "runner_up_count": 2, "training_references": train_refs}
 
 
 def test_nearest_neighbour_retrieves_right_pair():
@@ -128,6 +132,7 @@ def test_cli_most_frequent_without_features(tmp_path):
                  "--dataset", "clevr_change", "--out-dir", str(out), "--seed", "0"]) == 0
     run = json.loads((out / "run.json").read_text())
     assert run["kind"] == "sanity" and run["method"] == "most_frequent" and run["source"] == "synthetic"
+    assert run["config"]["caption_margin"] == bl.caption_margin(records)
     assert json.loads((out / "predictions_test.json").read_text()) == [
         {"image_id": "s0.png", "caption": "c0 a"}, {"image_id": "s0.png_n", "caption": "c0 a"}]
     assert len(json.loads((out / "predictions_val.json").read_text())) == 1

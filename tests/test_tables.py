@@ -358,6 +358,8 @@ def test_new_columns_distinct_captions_and_notes_written_once(tmp_path):
     meta = json.loads((tmp_path / "tables" / "clevr_change.meta.json").read_text())
     texts = list(meta["notes"].values())
     assert len(texts) == len(set(texts))
+    # a most-frequent run without a recorded margin keeps the plain note
+    assert "sanity baseline: the most frequent training caption for every pair" in texts
     caveat = next(t for t in texts if "not comparable" in t)
     md = (tmp_path / "tables" / "clevr_change.md").read_text()
     assert md.count(caveat) == 1 and md.count("random(seed=0)") == 1
@@ -367,6 +369,20 @@ def test_new_columns_distinct_captions_and_notes_written_once(tmp_path):
     assert "(../clevr_change/plots/duda.png)" in md and "![validation score (the selection metric) vs step](../clevr_change/plots/clevr_change_val_cider.png)" in md
     assert meta["plots"] == ["../clevr_change/plots/duda.png", "../clevr_change/plots/clevr_change_val_cider.png"]
     assert meta["orderings"] == []
+
+
+def test_most_frequent_note_says_how_near_a_tie_the_caption_won(tmp_path):
+    runs = [_run(tmp_path, "duda", 0, "reproduced", 1.1), _run(tmp_path, "most_frequent", 0, "sanity", 0.3)]
+    run_json = runs[1] / "run.json"
+    margin = {"caption": "there is no change", "count": 559, "runner_up": "no change was made",
+              "runner_up_count": 554, "training_references": 10452}
+    write_json(run_json, {**json.loads(run_json.read_text()), "config": {"caption_margin": margin}})
+    out = tmp_path / "tables" / "clevr_change.csv"
+    assert main(["table", "--dataset", "clevr_change", "--runs", *map(str, runs), "--out", str(out)]) == 0
+    meta = json.loads((tmp_path / "tables" / "clevr_change.meta.json").read_text())
+    note = ("sanity baseline: the most frequent training caption for every pair: 'there is no change' (559 of 10,452 "
+            "training references; the next, 'no change was made', 554)")
+    assert note in meta["notes"].values() and note in (tmp_path / "tables" / "clevr_change.md").read_text()
 
 
 def test_ablation_ordering_is_computed_against_the_paper(tmp_path):
