@@ -32,7 +32,7 @@ from pipeline.utils.io import atomic_path, read_json, read_jsonl
 
 META_KEYS = {"step", "lr", "val_score", "elapsed_s", "train_steps", "event", "validation"}
 # numeric parts that are not losses: plotted on a linear "diagnostics" panel, never on the log-scale loss panel
-DIAGNOSTIC = re.compile(r"acc|_r1|^stage$|hard_set|scale|omega|fed")
+DIAGNOSTIC = re.compile(r"acc|_r1|^stage$|hard_set|scale|omega|fed|^alpha_")
 LINESTYLES = ("-", "--", ":", "-.")
 
 

@@ -46,6 +46,24 @@ def test_loss_is_the_official_weighted_sum():
     assert 0 < parts2["att_l1"] < 2 * 16
 
 
+def test_logged_attention_use_is_the_mean_alpha_over_the_changed_pairs_words():
+    torch.manual_seed(0)
+    batch = small_batch()
+    m = tiny(diff_prior=30.0).eval()  # the prior alone puts every word on l_diff
+    parts = m.training_loss(batch)[1]
+    assert abs(parts["alpha_diff"] - 1) < 1e-6 and parts["alpha_bef"] < 1e-6 and parts["alpha_aft"] < 1e-6
+    m = tiny().eval()
+    parts = m.training_loss(batch)[1]
+    b, afters = batch["before"].size(0), [batch["after"]]
+    l_bef, l_aft, l_diff, _, _ = m.detector(batch["before"], afters)[0]
+    _, alphas = m.speaker(l_bef, l_diff, l_aft, batch["labels"])
+    words = batch["labels"][:, 1:] > 0
+    want = alphas[words].mean(0)  # the changed pairs' words only, not their distractor partners'
+    got = torch.tensor([parts["alpha_bef"], parts["alpha_diff"], parts["alpha_aft"]])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert abs(got.sum().item() - 1) < 1e-5
+
+
 def test_gradients_reach_every_parameter():
     torch.manual_seed(0)
     m = tiny(entropy_weight=0.1)

@@ -249,7 +249,13 @@ class DUDA(CaptionModel):
         entropy = -(alphas * torch.log(alphas + 1e-12)).sum(2)
         entropy = ddp.mean_over((entropy * mask).sum(), mask.sum())  # over the whole batch's tokens
         loss = pair_mean(ces) + self.l1_weight * l1 - self.entropy_weight * entropy
-        return loss, {**ce_parts(ces), "att_l1": l1.item(), "dyn_entropy": entropy.item()}
+        # Which input the speaker reads (mean α over the changed pairs' words), logged: the entropy alone does not
+        # say where the attention settled (on CLEVR-Change it ends on l_aft, docs/measurements.md).
+        with torch.no_grad():
+            m = mask[:b].unsqueeze(2)
+            used = (alphas[:b].float() * m).sum((0, 1)) / m.sum().clamp(min=1)
+        reads = {f"alpha_{k}": v for k, v in zip(("bef", "diff", "aft"), used.tolist())}
+        return loss, {**ce_parts(ces), "att_l1": l1.item(), "dyn_entropy": entropy.item(), **reads}
 
     @torch.no_grad()
     def generate(self, before, after, max_len: int):
