@@ -54,8 +54,7 @@ def test_logged_attention_use_is_the_mean_alpha_over_the_changed_pairs_words():
     assert abs(parts["alpha_diff"] - 1) < 1e-6 and parts["alpha_bef"] < 1e-6 and parts["alpha_aft"] < 1e-6
     m = tiny().eval()
     parts = m.training_loss(batch)[1]
-    b, afters = batch["before"].size(0), [batch["after"]]
-    l_bef, l_aft, l_diff, _, _ = m.detector(batch["before"], afters)[0]
+    l_bef, l_aft, l_diff, _, _ = m.detector(batch["before"], [batch["after"]])[0]
     _, alphas = m.speaker(l_bef, l_diff, l_aft, batch["labels"])
     words = batch["labels"][:, 1:] > 0
     want = alphas[words].mean(0)  # the changed pairs' words only, not their distractor partners'
