@@ -22,6 +22,7 @@ Both are deterministic; ``--seed`` is recorded only. Outputs (docs/contracts.md)
 from __future__ import annotations
 
 import argparse
+import heapq
 from collections import Counter
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -36,12 +37,17 @@ EVAL_SPLITS = ("val", "test")
 _EPS = 1e-12
 
 
-def most_frequent_caption(captions: Iterable[str]) -> str:
-    """The most frequent string; ties go to the lexicographically smallest one."""
+def _most_frequent(captions: Iterable[str], k: int) -> list[tuple[str, int]]:
+    """The ``k`` most frequent strings with their counts; ties go to the lexicographically smallest one."""
     counts = Counter(captions)
     if not counts:
         raise PipelineError("no captions to choose the most frequent one from")
-    return min(counts.items(), key=lambda kv: (-kv[1], kv[0]))[0]
+    return heapq.nsmallest(k, counts.items(), key=lambda kv: (-kv[1], kv[0]))
+
+
+def most_frequent_caption(captions: Iterable[str]) -> str:
+    """The most frequent string; ties go to the lexicographically smallest one."""
+    return _most_frequent(captions, 1)[0][0]
 
 
 def _training_captions(records: Sequence[dict]) -> list[str]:
@@ -61,9 +67,9 @@ def caption_margin(records: Sequence[dict]) -> dict:
     number of training references. Recorded because on CLEVR-Change the nine no-change phrasings are drawn
     equally often, so the winner is a near-tie whose pick sets the row's score (docs/measurements.md)."""
     caps = _training_captions(records)
-    ranked = sorted(Counter(caps).items(), key=lambda kv: (-kv[1], kv[0]))
-    (first, n_first), runner = ranked[0], (ranked[1] if len(ranked) > 1 else (None, 0))
-    return {"caption": first, "count": n_first, "runner_up": runner[0], "runner_up_count": runner[1],
+    (first, n_first), *rest = _most_frequent(caps, 2)
+    runner, n_runner = rest[0] if rest else (None, 0)
+    return {"caption": first, "count": n_first, "runner_up": runner, "runner_up_count": n_runner,
             "training_references": len(caps)}
 
 

@@ -279,9 +279,9 @@ def _group_notes(g: Group, dataset: str) -> list[str]:
     name = DATASET_NAMES.get(dataset, dataset)
     weights = "; ".join(dict.fromkeys(g.weights))
     notes = [SANITY_NOTES.get(g.method, "sanity baseline")] if g.kind == "sanity" else []
-    margins = [r.get("config", {}).get("caption_margin") for r in g.runs if g.method == "most_frequent"]
-    margin = next((m for m in margins if m), None)
-    if margin:  # how near a tie the most frequent caption won (the row's score rests on it)
+    # how near a tie the most frequent caption won (the row's score rests on it); recorded by baselines.py
+    margin = next((r["config"]["caption_margin"] for r in g.runs if r.get("config", {}).get("caption_margin")), None)
+    if g.method == "most_frequent" and margin:
         runner = (f"; the next, '{margin['runner_up']}', {margin['runner_up_count']:,}"
                   if margin.get("runner_up") else "")
         notes[0] += (f": '{margin['caption']}' ({margin['count']:,} of {margin['training_references']:,} "
