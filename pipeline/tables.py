@@ -193,6 +193,10 @@ def _shape_parts(model: dict) -> list[str]:
         out.append(f"{shape['grid']}×{shape['grid']} grid")
     if shape.get("reduce") == "mean":
         out.append("attended features averaged")
+    if shape.get("own_difference"):
+        out.append("each map reads its own difference")
+    if shape.get("usage_weight"):
+        out.append("balanced attention use")
     if shape.get("cross_cell_bias"):
         out.append("cross-cell attention bias")
     if shape.get("freeze_encoder") is True or model.get("freeze_encoder") is True:

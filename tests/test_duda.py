@@ -170,3 +170,47 @@ def test_diff_prior_opens_the_dynamic_attention_on_l_diff_and_zero_is_the_offici
             l_bef, l_aft, l_diff, _, _ = m.detector(batch["before"], [batch["after"]])[0]
             _, alphas = m.speaker(l_bef, l_diff, l_aft, batch["labels"])
         assert lo <= alphas[:, 0, 1].min().item() and alphas[:, 0, 1].max().item() <= hi
+
+
+def test_own_difference_gives_each_map_what_its_image_has_and_the_other_lacks():
+    # With own_difference the before map reads [X_bef; X_bef - X_aft]: exactly the after map of the swapped pair,
+    # so one conv finds a dropped object in the before image as it finds an added one in the after image. The
+    # after map and the official before map (the reference formulation) are unchanged.
+    torch.manual_seed(0)
+    off = ChangeDetector(dim=16 + 2, hidden=32, groups=8).eval()
+    own = ChangeDetector(dim=16 + 2, hidden=32, groups=8, own_difference=True).eval()
+    own.load_state_dict(off.state_dict())
+    bef, aft = torch.randn(3, 16, 4, 4), torch.randn(3, 16, 4, 4)
+    l_bef, l_aft, l_diff, att_bef, att_aft = own(bef, [aft])[0]
+    s_bef, s_aft, _, s_att_bef, s_att_aft = own(aft, [bef])[0]
+    torch.testing.assert_close(att_bef, s_att_aft)
+    torch.testing.assert_close(l_bef, s_aft)
+    torch.testing.assert_close(l_diff, l_aft - l_bef)
+    o_bef, o_aft, _, o_att_bef, o_att_aft = off(bef, [aft])[0]
+    torch.testing.assert_close(att_aft, o_att_aft)
+    assert (att_bef - o_att_bef).abs().max() > 1e-3  # the official before map reads X_aft - X_bef
+    for g, w in zip(off(bef, [aft])[0], reference.detector(off, bef, aft)):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_usage_entropy_is_the_entropy_of_the_mean_weights_over_the_words():
+    from pipeline.models.duda import usage_entropy
+
+    # Every word reads one input, and over the words each input once: per word entropy 0, usage ln 3.
+    # The masked word (no target) counts for nothing.
+    alphas = torch.tensor([[[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]], [[0.0, 0.0, 1.0], [0.2, 0.8, 0.0]]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    assert abs(usage_entropy(alphas, mask).item() - torch.log(torch.tensor(3.0)).item()) < 1e-6
+    # All words on one input: 0. Half the words on l_bef, half on l_aft: ln 2.
+    assert usage_entropy(torch.tensor([[[0.0, 0.0, 1.0]] * 2]), torch.ones(1, 2)).abs().item() < 1e-6
+    half = torch.tensor([[[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]]])
+    assert abs(usage_entropy(half, torch.ones(1, 2)).item() - torch.log(torch.tensor(2.0)).item()) < 1e-6
+    # In the loss: - usage_weight * H(usage), logged as usage_entropy.
+    torch.manual_seed(0)
+    m = tiny(l1_weight=0.0).eval()
+    batch = small_batch()
+    loss0, parts = m.training_loss(batch)
+    m.usage_weight = 0.5
+    loss1, _ = m.training_loss(batch)
+    assert 0 < parts["usage_entropy"] <= torch.log(torch.tensor(3.0)).item() + 1e-6
+    assert abs(loss0.item() - loss1.item() - 0.5 * parts["usage_entropy"]) < 1e-5

@@ -322,6 +322,9 @@ def test_config_summary_is_derived_from_run_json():
     assert tables.summarise_config(clip) == "CLIP w=32, 4 layers, N_intra=3 of 4, 1 layer, 4 steps, batch 4"
     aux = {"model": {"primary_model": {"hidden": 512, "att_hidden": 128}, "embed_dim": 256}, "train": {"iterations": 80}}
     assert tables.summarise_config(aux) == "d=512, att 128, aux d=256, 80 steps"
+    aux["model"]["primary_model"].update(reduce="mean", own_difference=True, usage_weight=0.1)
+    assert tables.summarise_config(aux) == ("d=512, att 128, aux d=256, attended features averaged, each map reads its "
+                                            "own difference, balanced attention use, 80 steps")
     biased = {"model": {**IDC_PCL_CONFIG["model"], "cross_cell_bias": 4.0}, "train": {"iterations": 2000}}
     assert tables.summarise_config(biased) == "d=512, 1+1+3 layers, cross-cell attention bias, 2k steps"
 

@@ -18,6 +18,18 @@ The official 6-way change-type classifier is omitted: its loss is never used in 
 ``diff_prior`` (0 = the official init) adds to the dynamic attention's initial logit for l_diff: with uniform
 weights the caption LSTM reads (l_bef + l_diff + l_aft)/3 = 2/3·l_aft, with no trace of the before image, and
 which input the random init favours decides whether a run ever reads the difference (config/config.yaml, duda).
+
+Two deviations, off by default (the official model), on for CLEVR-Change's embedded default (measured there,
+docs/measurements.md "DUDA reads the before image"):
+- ``own_difference``: the before map reads [X_bef; X_bef − X_aft] instead of [X_bef; X_aft − X_bef], so the
+  shared conv sees, for each image, what that image has and the other lacks. With the official sign one map head
+  learns one sign of the difference: the maps found added objects (after) or dropped and recoloured ones (before),
+  never both, whichever a run met first.
+- ``usage_weight``: − λ_u · H(ū), ū the dynamic attention's mean weights over the batch's words (each word may
+  still pick one input; across words all three are used: a load-balancing term, as for a mixture of experts'
+  router). Without it the attention settles on one input within ~100 steps (l_aft: the before image never
+  reaches the caption); the official per-word entropy bonus keeps every word near uniform instead, which reads
+  (l_bef + l_diff + l_aft)/3 = 2/3·l_aft.
 """
 
 from __future__ import annotations
@@ -62,8 +74,9 @@ class ChangeDetector(nn.Module):
     """
 
     def __init__(self, dim: int, hidden: int = 128, groups: int = 32, dropout: float = 0.5, pool: int | None = None,
-                 reduce: str = "sum"):
+                 reduce: str = "sum", own_difference: bool = False):
         super().__init__()
+        self.own_difference = own_difference  # the before map reads X_bef - X_aft (module docstring)
         if reduce not in ("sum", "mean"):
             raise ValueError(f"reduce must be 'sum' (official) or 'mean', not {reduce!r}")
         self.reduce = reduce
@@ -95,7 +108,8 @@ class ChangeDetector(nn.Module):
         proj_img, proj_dif = (imgs @ w_both.t()).transpose(2, 3).split(hid, 2)  # each [1+n, B, hidden, HW]
         coords = coordinates(h, w, bef)
         const = (w_xy @ coords).unsqueeze(0) + self.embed_conv.bias.view(1, -1, 1)  # [1, hidden, HW]
-        e_bef = proj_img[0] + proj_dif[1:] - proj_dif[0] + const  # [n, B, hidden, HW]
+        sign = -1.0 if self.own_difference else 1.0
+        e_bef = proj_img[0] + sign * (proj_dif[1:] - proj_dif[0]) + const  # [n, B, hidden, HW]
         e_aft = proj_img[1:] + proj_dif[1:] - proj_dif[0] + const
         e = torch.cat([e_bef, e_aft]).reshape(2 * n * b, -1, h, w)
         maps = torch.sigmoid(self.att(self.embed_rest(e))).view(2, n, b, 1, h * w)
@@ -218,6 +232,14 @@ class DynamicSpeaker(nn.Module):
         return out
 
 
+def usage_entropy(alphas: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """H(ū) of the dynamic attention's mean weights ū over the whole batch's words (``alphas`` [B, T, 3], ``mask``
+    [B, T] the words with a target). Rows are gathered over the processes: every process computes the same ū."""
+    totals = ddp.gather((alphas.float() * mask.unsqueeze(2)).sum(1))  # [B, 3] per caption
+    usage = totals.sum(0) / ddp.gather(mask.sum(1)).sum().clamp(min=1)
+    return -(usage * torch.log(usage + 1e-12)).sum()
+
+
 class DUDA(CaptionModel):
     # Read by pipeline.engine: Adam as one fused pass (the per-tensor loop was ~15 % of a CPU step at layer4's
     # 2,050-d inputs, measured); same update rule.
@@ -225,10 +247,13 @@ class DUDA(CaptionModel):
 
     def __init__(self, vocab_size: int, feat_dim: int = 1024, att_hidden: int = 128, embed_dim: int = 300,
                  hidden: int = 512, dropout: float = 0.5, l1_weight: float = 2.5e-3, entropy_weight: float = 0.0,
-                 pool: int | None = None, reduce: str = "sum", diff_prior: float = 0.0):
+                 pool: int | None = None, reduce: str = "sum", diff_prior: float = 0.0, usage_weight: float = 0.0,
+                 own_difference: bool = False):
         super().__init__()
         d = feat_dim + 2
-        self.detector = ChangeDetector(d, att_hidden, dropout=dropout, pool=pool, reduce=reduce)
+        self.usage_weight = usage_weight
+        self.detector = ChangeDetector(d, att_hidden, dropout=dropout, pool=pool, reduce=reduce,
+                                       own_difference=own_difference)
         self.speaker = DynamicSpeaker(d, vocab_size, embed_dim, hidden, dropout=dropout, diff_prior=diff_prior)
         self.l1_weight = l1_weight
         self.entropy_weight = entropy_weight
@@ -248,14 +273,16 @@ class DUDA(CaptionModel):
         mask = (labels[:, 1:] > 0).float()
         entropy = -(alphas * torch.log(alphas + 1e-12)).sum(2)
         entropy = ddp.mean_over((entropy * mask).sum(), mask.sum())  # over the whole batch's tokens
-        loss = pair_mean(ces) + self.l1_weight * l1 - self.entropy_weight * entropy
+        usage = usage_entropy(alphas, mask)
+        loss = pair_mean(ces) + self.l1_weight * l1 - self.entropy_weight * entropy - self.usage_weight * usage
         # Which input the speaker reads (mean α over the changed pairs' words), logged: the entropy alone does not
-        # say where the attention settled (on CLEVR-Change it ends on l_aft, docs/measurements.md).
+        # say where the attention settled (on CLEVR-Change it ends on l_aft without usage_weight, docs/measurements.md).
         with torch.no_grad():
             m = mask[:b].unsqueeze(2)
             used = (alphas[:b].float() * m).sum((0, 1)) / m.sum().clamp(min=1)
         reads = {f"alpha_{k}": v for k, v in zip(("bef", "diff", "aft"), used.tolist())}
-        return loss, {**ce_parts(ces), "att_l1": l1.item(), "dyn_entropy": entropy.item(), **reads}
+        return loss, {**ce_parts(ces), "att_l1": l1.item(), "dyn_entropy": entropy.item(),
+                      "usage_entropy": usage.item(), **reads}
 
     @torch.no_grad()
     def generate(self, before, after, max_len: int):
