@@ -1,7 +1,7 @@
 import torch
 
 from pipeline.models import duda_reference as reference
-from pipeline.models.duda import DUDA, ChangeDetector
+from pipeline.models.duda import DUDA, ChangeDetector, usage_entropy
 from pipeline.text import END, START
 
 
@@ -194,8 +194,6 @@ def test_own_difference_gives_each_map_what_its_image_has_and_the_other_lacks():
 
 
 def test_usage_entropy_is_the_entropy_of_the_mean_weights_over_the_words():
-    from pipeline.models.duda import usage_entropy
-
     # Every word reads one input, and over the words each input once: per word entropy 0, usage ln 3.
     # The masked word (no target) counts for nothing.
     alphas = torch.tensor([[[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]], [[0.0, 0.0, 1.0], [0.2, 0.8, 0.0]]])

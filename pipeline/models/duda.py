@@ -232,12 +232,20 @@ class DynamicSpeaker(nn.Module):
         return out
 
 
-def usage_entropy(alphas: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """H(ū) of the dynamic attention's mean weights ū over the whole batch's words (``alphas`` [B, T, 3], ``mask``
+def attention_use(alphas: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """ū [3]: the dynamic attention's mean weights over the whole batch's words (``alphas`` [B, T, 3], ``mask``
     [B, T] the words with a target). Rows are gathered over the processes: every process computes the same ū."""
     totals = ddp.gather((alphas.float() * mask.unsqueeze(2)).sum(1))  # [B, 3] per caption
-    usage = totals.sum(0) / ddp.gather(mask.sum(1)).sum().clamp(min=1)
-    return -(usage * torch.log(usage + 1e-12)).sum()
+    return totals.sum(0) / ddp.gather(mask.sum(1)).sum().clamp(min=1)
+
+
+def entropy(p: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    return -(p * torch.log(p + 1e-12)).sum(dim)
+
+
+def usage_entropy(alphas: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """H(ū), the ``usage_weight`` term (module docstring)."""
+    return entropy(attention_use(alphas, mask))
 
 
 class DUDA(CaptionModel):
@@ -271,17 +279,15 @@ class DUDA(CaptionModel):
         if self.detector.reduce == "mean":  # per cell, as the features: the same L1/CE balance as summing
             l1 = l1 / att_bef[0, 0].numel()
         mask = (labels[:, 1:] > 0).float()
-        entropy = -(alphas * torch.log(alphas + 1e-12)).sum(2)
-        entropy = ddp.mean_over((entropy * mask).sum(), mask.sum())  # over the whole batch's tokens
+        word_entropy = ddp.mean_over((entropy(alphas) * mask).sum(), mask.sum())  # over the whole batch's tokens
         usage = usage_entropy(alphas, mask)
-        loss = pair_mean(ces) + self.l1_weight * l1 - self.entropy_weight * entropy - self.usage_weight * usage
+        loss = pair_mean(ces) + self.l1_weight * l1 - self.entropy_weight * word_entropy - self.usage_weight * usage
         # Which input the speaker reads (mean α over the changed pairs' words), logged: the entropy alone does not
         # say where the attention settled (on CLEVR-Change it ends on l_aft without usage_weight, docs/measurements.md).
         with torch.no_grad():
-            m = mask[:b].unsqueeze(2)
-            used = (alphas[:b].float() * m).sum((0, 1)) / m.sum().clamp(min=1)
+            used = attention_use(alphas[:b], mask[:b])
         reads = {f"alpha_{k}": v for k, v in zip(("bef", "diff", "aft"), used.tolist())}
-        return loss, {**ce_parts(ces), "att_l1": l1.item(), "dyn_entropy": entropy.item(),
+        return loss, {**ce_parts(ces), "att_l1": l1.item(), "dyn_entropy": word_entropy.item(),
                       "usage_entropy": usage.item(), **reads}
 
     @torch.no_grad()
