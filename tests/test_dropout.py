@@ -74,6 +74,28 @@ def test_dropout_forward_and_gradient(shape):
     assert not torch.equal(y, dropout(x, p, True, generator=gen(8)))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dropout_equals_the_where_formulation_bitwise(dtype):
+    """The mask multiplies as its uint8 view for speed: values and gradients must equal, to the bit (as numbers:
+    a dropped negative element may be -0.0), those of ``where(keep, x, 0) * s``, which earlier runs used."""
+    p, shape = 0.1, (4, 3, 17, 19)
+    x = torch.randn(shape, generator=gen(0)).to(dtype).requires_grad_()
+    keep = keep_mask(shape, p, gen(3))
+    y = dropout(x, p, True, generator=gen(3))
+    want = torch.where(keep, x.detach(), 0.0).mul_(1 / (1 - p))
+    assert y.dtype == dtype and torch.equal(y, want)  # torch.equal: -0.0 == 0.0, every other bit compared
+    w = torch.randn(shape, generator=gen(1)).to(dtype)
+    y.backward(w)
+    assert torch.equal(x.grad, torch.where(keep, w, 0.0).mul_(1 / (1 - p)))
+    q, k, v = (torch.randn(2, 3, 6, 8, generator=gen(i)).to(dtype).requires_grad_() for i in (4, 5, 6))
+    out = attention(q, k, v, p, generator=gen(2))
+    probs = ((q * 8 ** -0.5) @ k.transpose(-2, -1)).softmax(-1)
+    ref = (torch.where(keep_mask(probs.shape, p, gen(2)), probs, 0.0) @ v).mul_(1 / (1 - p))
+    assert torch.equal(out, ref)
+    assert all(torch.equal(a, b) for a, b in zip(torch.autograd.grad(out, (q, k, v), torch.ones_like(out)),
+                                                  torch.autograd.grad(ref, (q, k, v), torch.ones_like(ref))))
+
+
 def test_dropout_identity_cases():
     x = torch.randn(10, 10)
     assert dropout(x, 0.5, False) is x and dropout(x, 0.0, True) is x

@@ -52,20 +52,26 @@ def keep_mask(shape, p: float, generator: torch.Generator | None = None, device=
 class _MaskScale(torch.autograd.Function):
     """y = x · keep · s; only the boolean mask is saved for the backward pass (F.dropout saves a float one).
 
-    ``torch.where(keep, x, 0).mul_(s)`` measured cheapest on this CPU (2 threads; [64, 196, 512]: 5.8 ms
-    against 6.1 for ``mul(x, keep).mul_(s)``, which first converts the mask to float, and 7.5 for
-    ``masked_fill(drop, 0).mul_(s)``; [64, 8, 196, 196]: 42 against 55 and 47 ms)."""
+    The mask multiplies as its uint8 view (``_zero_dropped``)."""
 
     @staticmethod
     def forward(ctx, x, keep, scale: float):
         ctx.save_for_backward(keep)
         ctx.scale = scale
-        return torch.where(keep, x, 0.0).mul_(scale)
+        return _zero_dropped(x, keep).mul_(scale)
 
     @staticmethod
     def backward(ctx, grad):
         (keep,) = ctx.saved_tensors
-        return torch.where(keep, grad, 0.0).mul_(ctx.scale), None, None
+        return _zero_dropped(grad, keep).mul_(ctx.scale), None, None
+
+
+def _zero_dropped(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """x with the dropped elements zeroed: x times the bool mask's uint8 view (1 or 0), in x's dtype. The same
+    values as ``torch.where(keep, x, 0)`` (a dropped negative element gives -0.0, which no later sum or product
+    tells from 0.0: a run's losses are equal to the last digit), ~4x faster on a CPU ([32, 4, 132, 132] fp32,
+    one thread: 2.0 ms against 7.5; where's scalar branch is not vectorised), and no float copy of the mask."""
+    return x * keep.view(torch.uint8)
 
 
 def dropout(x: torch.Tensor, p: float, training: bool = True, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -119,6 +125,5 @@ def attention(q, k, v, dropout_p: float = 0.0, causal: bool = False, attn_mask: 
     probs = scores.softmax(-1)
     keep = keep_mask(probs.shape, dropout_p, generator, q.device)
     # (P·keep·s) v = ((P·keep) v)·s: the 1/(1 − p) scale goes on the [L, d] output instead of the larger
-    # [L, S] probabilities (one pass less over them, forward and backward). ``where`` (autograd saves only the
-    # bool mask) rather than ``probs * keep``, which would convert the mask to float first.
-    return (torch.where(keep, probs, 0.0) @ v).mul_(1.0 / (1.0 - dropout_p))
+    # [L, S] probabilities (one pass less over them, forward and backward); autograd saves only the uint8 mask.
+    return (_zero_dropped(probs, keep) @ v).mul_(1.0 / (1.0 - dropout_p))
