@@ -107,7 +107,9 @@ class TrainBatches:
     """``batch(step)``: the training batch of ``step``, a dict of tensors (``docs/contracts.md``, batches):
     ``before``, ``after`` ``[B, C, H, W]`` float32, ``labels`` ``[B, L]`` int64 (one caption of the pair),
     ``type`` ``[B]`` (``self.type_ids``), ``changed`` ``[B]`` bool (the pair's type is not ``no_change``),
-    scalars ``step`` and ``epoch``; in partner mode also ``distractor`` and ``distractor_labels``."""
+    scalars ``step`` and ``epoch``; in partner mode also ``distractor`` and ``distractor_labels``. From a feature
+    file (a store with ``index_of``), also the images' rows in it: ``before_row``, ``after_row`` (and
+    ``distractor_row``) ``[B]`` int64."""
 
     def __init__(self, records: list[dict], labels: Labels, store, batch_size: int, seed: int,
                  distractor_swap: float = 0.5, changed_only: bool = False):
@@ -174,6 +176,12 @@ class TrainBatches:
         if self.partnered:
             out["distractor"] = torch.from_numpy(self.store.get_many(dists))
             out["distractor_labels"] = torch.from_numpy(np.stack(dist_labels).astype(np.int64))
+        if hasattr(self.store, "index_of"):
+            # Each image's row in the feature file: a model may keep per-image work under it (CLIP4IDC's frozen
+            # intra pass) instead of hashing the image.
+            for name, keys in (("before", befores), ("after", afters), ("distractor", dists)):
+                if name in out:
+                    out[f"{name}_row"] = torch.tensor([self.store.index_of(k) for k in keys], dtype=torch.int64)
         return out
 
     def batch(self, step: int) -> dict:

@@ -85,6 +85,9 @@ class TrainConfig:
     grad_clip: float | None = None
     betas: tuple[float, float] = (0.9, 0.999)
     noam: bool = False  # after the warm-up, lr ∝ 1/√step (the Transformer/Noam schedule; IDC-PCL pre-training)
+    # After the warm-up, lr falls linearly to 0 at ``iterations`` (BertAdam's ``warmup_linear``: CLIP4IDC's official
+    # schedule in both stages).
+    linear_decay: bool = False
     precision: str = "auto"  # see ``autocast``
     extra: dict = field(default_factory=dict)
 
@@ -138,6 +141,8 @@ def lr_factor(step: int, cfg: TrainConfig, steps_per_epoch: float) -> float:
         f *= min(1.0, (step + 1) / cfg.warmup_steps)
         if cfg.noam:
             f *= min(1.0, math.sqrt(cfg.warmup_steps / (step + 1)))
+    if cfg.linear_decay and step >= cfg.warmup_steps:
+        f *= max(0.0, (cfg.iterations - step) / (cfg.iterations - cfg.warmup_steps))
     if cfg.lr_step_epochs:
         # Decay applied at the start of each epoch block, as the official DUDA schedule does.
         epoch = math.floor(step / steps_per_epoch)

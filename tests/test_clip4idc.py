@@ -292,6 +292,30 @@ def test_frozen_encoder_cache_runs_the_vit_once_per_image_and_changes_nothing(mo
     assert len(calls) == 10
 
 
+def test_frozen_encoder_cache_keyed_by_feature_rows_gives_the_same_loss_without_hashing(monkeypatch):
+    """A training batch's ``*_row`` keys the cache (no SHA-1 of the pixels); the loss equals the byte-keyed one."""
+    import pipeline.models.clip4idc as mod
+
+    batch = {k: (v.to(torch.uint8) if v.is_floating_point() else v) for k, v in triplet_batch().items()}
+    batch["before"][2] = batch["before"][0]  # the third pair shares the first pair's before image (row 0)
+    models = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        models.append(CLIP4IDC(vocab_size=20, clip=SMALL, n_intra=2, freeze_encoder=True, encoder_cache_mb=1,
+                               **CAP).eval())
+    by_bytes = models[0].training_loss(batch)[0]
+    m = models[1]
+    rowed = dict(batch, before_row=torch.tensor([0, 1, 0]), after_row=torch.tensor([3, 4, 5]),
+                 distractor_row=torch.tensor([6, 7, 8]))
+    monkeypatch.setattr(mod.hashlib, "sha1", lambda *a: pytest.fail("hashed an image that has a row"))
+    calls = []
+    intra = m.encoder.intra
+    monkeypatch.setattr(m.encoder, "intra", lambda x: calls.append(len(x)) or intra(x))
+    assert torch.equal(m.training_loss(rowed)[0], by_bytes)
+    assert calls == [1] * 8 and sorted(m._intra_cache) == [0, 1, 3, 4, 5, 6, 7, 8]
+    assert torch.equal(m.training_loss(rowed)[0], by_bytes) and len(calls) == 8  # all hits
+
+
 def test_frozen_intra_layers_train_the_joint_layers_from_the_cache():
     torch.manual_seed(0)
     m = CLIP4IDC(vocab_size=20, clip=SMALL, n_intra=2, freeze_intra=True, encoder_cache_mb=1, **CAP)

@@ -90,6 +90,26 @@ def former_triplet_batch(records, labels, store, batch_size, seed, swap, step):
     return out
 
 
+class RowStore(FakeStore):
+    """A store that also gives each image's row, as ``FeatureStore.index_of`` does."""
+
+    def index_of(self, key):
+        return self.code[key] - 1
+
+
+def test_batches_from_a_feature_file_name_each_images_row():
+    for recs, groups in ((clevr_change_records(), ("before", "after", "distractor")),
+                         (clevr_dc_records(), ("before", "after"))):
+        store = RowStore({k for r in recs for k in (r["before"], r["after"])})
+        batches = TrainBatches(recs, FakeLabels([r["pair_id"] for r in recs]), store, 4, 3, 0.5)
+        for step in range(4):
+            b = batches.batch(step)
+            assert {k for k in b if k.endswith("_row")} == {f"{g}_row" for g in groups}
+            for g in groups:  # the row names the very image whose features the batch holds
+                assert [store.key[int(r) + 1] for r in b[f"{g}_row"]] == store.keys_of(b[g]), (step, g)
+                assert b[f"{g}_row"].dtype == torch.int64
+
+
 def test_clevr_change_shape_gives_partner_batches_equal_to_the_former_triplets():
     recs = clevr_change_records()
     batches, store, labels = setup(recs, batch_size=2, seed=7)

@@ -104,6 +104,18 @@ def test_step_schedule_decays_at_epoch_blocks():
     assert abs(lr_factor(int(30 * spe) + 1, cfg, spe) - 0.01) < 1e-12
 
 
+def test_linear_decay_warms_up_then_falls_to_zero_at_the_last_iteration():
+    """BertAdam's warmup_linear (CLIP4IDC): 1 at the end of the warm-up, then linear to 0 at ``iterations``."""
+    cfg = TrainConfig(iterations=110, lr=1.0, batch_size=4, val_every=10, warmup_steps=10, linear_decay=True)
+    assert lr_factor(4, cfg, 1.0) == 0.5  # warm-up: (4 + 1) / 10
+    assert lr_factor(10, cfg, 1.0) == 1.0
+    assert abs(lr_factor(60, cfg, 1.0) - 0.5) < 1e-12  # half-way from step 10 to 110
+    assert abs(lr_factor(109, cfg, 1.0) - 0.01) < 1e-12
+    assert lr_factor(110, cfg, 1.0) == 0.0
+    cfg.linear_decay = False
+    assert lr_factor(60, cfg, 1.0) == 1.0
+
+
 def test_resume_does_not_need_the_deleted_checkpoint(tmp_path):
     """Snakemake deletes the declared outputs of an interrupted job (checkpoint.pt) before running it again:
     the rerun still continues from resume.pt and writes the same checkpoint, byte for byte."""
