@@ -4,6 +4,7 @@ import shutil
 from pipeline.config import run_config, validate as validate_config
 from pipeline.errors import PipelineError
 from pipeline.utils.cores import available_cores
+from pipeline.utils.scheduling import expected_ms
 
 try:
     validate_config(config, source="config")
@@ -93,9 +94,10 @@ def cpu_jobs(dataset, name):
 
 
 def run_cost(dataset, name):
-    """A training run's samples (iterations x batch), the scheduler's proxy for its length."""
+    """A training run's expected length: its samples (iterations x batch) times its method's measured
+    milliseconds per sample (pipeline/utils/scheduling.py), the scheduler's proxy."""
     t = run_cfg(dataset, name)["train"]
-    return int(t.get("iterations", 0)) * int(t.get("batch_size", 1))
+    return expected_ms(int(t.get("iterations", 0)), int(t.get("batch_size", 1)), name)
 
 
 def run_priority(dataset, name):

@@ -381,15 +381,18 @@ def test_cores_above_the_machine_s_run_one_training_process_per_core(tmp_path):
 
 
 def test_training_jobs_are_scheduled_longest_chain_first(tmp_path):
-    """A run's priority is its samples (iterations x batch); a first stage counts the longest method after it."""
+    """A run's priority is its expected length (samples x its method's ms per sample); a first stage counts the
+    longest method after it."""
     from snakemake.utils import update_config
 
     from pipeline.config import run_config
+    from pipeline.utils.scheduling import ms_per_sample
 
     # As Snakemake merges --configfile over the Snakefile's config (YAML aliases not shared: the JSON round trip)
     cfg = json.loads(json.dumps(yaml.safe_load((ROOT / "config" / "config.yaml").read_text())))
     update_config(cfg, yaml.safe_load(TEST_CONFIG.read_text()))
-    cost = lambda n: (lambda t: t["iterations"] * t.get("batch_size", 1))(run_config(cfg, "clevr_change", n)["train"])
+    cost = lambda n: (lambda t: round(t["iterations"] * t.get("batch_size", 1) * ms_per_sample(n)))(
+        run_config(cfg, "clevr_change", n)["train"])
     p = smk(tmp_path, TABLE, "--dry-run")
     jobs = re.findall(r"^(?:local)?rule (train|pretrain_idc_pcl|clip4idc_adapt):\n(.*?)(?=\n\n|\Z)",
                       p.stdout + p.stderr, flags=re.M | re.S)
