@@ -636,6 +636,7 @@ def test_train_devices_2_runs_two_processes_in_the_one_job_and_takes_the_one_pro
         # fp32: under bf16 autocast (the default's `precision: fast` on a CPU with native bf16) the two runs agree
         # to bf16 rounding only (1e-5 of the loss, measured)
         cfg["methods"]["duda"]["train"].update(devices=n, iterations=4, precision="fp32")
+        cfg["datasets"]["clevr_change"]["overrides"]["duda"]["train"]["iterations"] = 4  # the tiny override's 20
         path = tmp_path / f"devices{n}.yaml"
         path.write_text(yaml.safe_dump(cfg))
         smk(wd, target, config=path)
