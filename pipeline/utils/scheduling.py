@@ -6,7 +6,7 @@ milliseconds one sample of its method takes. Samples alone mis-rank the methods:
 CLIP row (pixels through the captioning encoder over both images' tokens) or IDC-PCL (one stream over the image
 and text tokens) than in SCORER or DIRL (a 7x7 grid), so the CLEVR-Change main job of a988f56 started CLIP-FT
 (24,000 samples, 18.8 ms each) after SCORER and DIRL (28,800 samples, ~10 ms each) and ended with one core idle
-for its last ~6 minutes. Only the order of the jobs depends on these numbers, never a result.
+for its last ~7 minutes. Only the order of the jobs depends on these numbers, never a result.
 """
 
 from __future__ import annotations
