@@ -97,11 +97,17 @@ def setup(device_name: str = "auto") -> torch.device:
     where CUDA is, gloo on the CPU. Returns this process's device."""
     n = int(os.environ.get("WORLD_SIZE", "1"))
     cuda = torch.cuda.is_available() and device_name in ("auto", "cuda")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    # One GPU per process: NCCL refuses two ranks on one GPU, and rank k without a GPU k would stop on a raw
+    # "invalid device ordinal" (seen on a one-GPU H200 with train.devices: 2, 2026-11-30).
+    if cuda and local >= torch.cuda.device_count():
+        raise PipelineError(f"train.devices: {n} runs one process per GPU (NCCL), but this machine has "
+                            f"{torch.cuda.device_count()} GPU(s): lower train.devices, or train on the CPU "
+                            f"(--device cpu: gloo)")
     if n > 1 and not dist.is_initialized():
         # Rank 0 validates alone while the others wait: the default 30 min would cut a long validation.
         dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(hours=6))
     if cuda:
-        local = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local)
         return torch.device("cuda", local)
     return torch.device("cpu" if device_name == "auto" else device_name)

@@ -192,6 +192,18 @@ def test_shard_cuts_rows_and_keeps_scalars(monkeypatch):
     assert ddp.rows(torch.arange(8), groups=2).tolist() == [2, 3, 6, 7]
 
 
+def test_more_processes_than_gpus_is_one_clear_error(monkeypatch):
+    # rank 1 of `train.devices: 2` on a one-GPU machine: a message naming the setting, before any process group
+    from pipeline.errors import PipelineError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(PipelineError, match=r"train.devices: 2 .* 1 GPU"):
+        ddp.setup("auto")
+    assert not dist.is_initialized()
+
 
 def test_config_refuses_devices_that_do_not_divide_the_batch():
     import yaml

@@ -176,6 +176,15 @@ def test_bn_folding_matches_eval_model():
     assert ((bf16 - ref).norm() / ref.norm()) < 0.05
 
 
+def test_bn_folding_stays_on_the_models_device():
+    # A bias-free conv gets its folded bias on the weight's device: a model already on a GPU folds there (the CPU
+    # zeros made `bench_features.py --device cuda` fail on an H200). The meta device stands in for the GPU here.
+    conv = torch.nn.Conv2d(3, 4, 1, bias=False, device="meta")
+    bn = torch.nn.BatchNorm2d(4, device="meta").eval()
+    backbones._fold_conv_bn(conv, bn)
+    assert conv.bias is not None and conv.bias.device.type == "meta" and conv.weight.device.type == "meta"
+
+
 def test_zero_residual_branches_are_skipped_exactly():
     # weights: random starts every residual branch at zero (zero_init_residual): the prepared trunk skips them
     model = backbones.init_random_(backbones.build_backbone("resnet101_layer3", depths=(2, 2, 3)), 4)

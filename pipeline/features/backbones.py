@@ -307,7 +307,9 @@ def _fold_conv_bn(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> None:
     """Fold an eval-mode BatchNorm into ``conv`` in place: w' = w·γ/σ, b' = (b − μ)·γ/σ + β (computed in
     float64, then cast back)."""
     w = conv.weight.detach().double()
-    b = conv.bias.detach().double() if conv.bias is not None else torch.zeros(w.shape[0], dtype=torch.float64)
+    # on the weight's device: a model already on the GPU (benchmarks/bench_features.py --device cuda) folds there
+    b = (conv.bias.detach().double() if conv.bias is not None
+         else torch.zeros(w.shape[0], dtype=torch.float64, device=w.device))
     scale = bn.weight.detach().double() / torch.sqrt(bn.running_var.detach().double() + bn.eps)
     new_w = w * scale.reshape(-1, 1, 1, 1)
     new_b = (b - bn.running_mean.detach().double()) * scale + bn.bias.detach().double()
