@@ -41,7 +41,7 @@ def test_multihead_matching_averages_per_head_matching():
 
 
 @pytest.mark.parametrize("threads", [1, 3])  # 3: the chunk loops split over worker threads, unevenly
-@pytest.mark.parametrize("chunk", [None, 1, 64, 1 << 12])
+@pytest.mark.parametrize("chunk", [None, 1, 64, 1 << 11, 1 << 12])  # 1 << 11: backward groups of 3 + 2 items
 def test_chunked_matching_and_its_gradient_equal_the_naive_formula(chunk, threads, monkeypatch):
     real = torch.get_num_threads()
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)  # the split follows torch's thread count

@@ -158,6 +158,7 @@ class _TokenMax(torch.autograd.Function):
         _run_parallel(q.device, lambda lo, hi: _TokenMax._forward_chunks(q, kt, t2v, v2t, idx1, idx2, fast, lib,
                                                                           chunks[lo:hi]), len(chunks))
         ctx.save_for_backward(q, k, idx1, idx2)
+        ctx.chunk_elements = chunk_elements
         return t2v, v2t
 
     @staticmethod
@@ -223,10 +224,11 @@ class _TokenMax(torch.autograd.Function):
         # dq rows belong to one query item (disjoint between parts); dk is shared: one accumulator per part,
         # summed in a fixed order afterwards.
         dks: dict[int, torch.Tensor] = {}
+        budget = _budget(CHUNK_ELEMENTS, q.device, ctx.chunk_elements)
 
         def part(lo, hi):
             dks[lo] = dk if lo == 0 else torch.zeros_like(dk)
-            _TokenMax._backward_items(w1, w2, qf, kf, idx1, idx2, dq, dks[lo], range(lo, hi))
+            _TokenMax._backward_items(w1, w2, qf, kf, idx1, idx2, dq, dks[lo], range(lo, hi), budget)
 
         _run_parallel(q.device, part, a_n)
         for lo in sorted(dks)[1:]:
@@ -234,30 +236,39 @@ class _TokenMax(torch.autograd.Function):
         return dq.view(h, a_n, n, d).to(q.dtype), dk.view(h, b_n, m, d).to(k.dtype), None
 
     @staticmethod
-    def _backward_items(w1, w2, qf, kf, idx1, idx2, dq, dk, items):
-        """One query item at a time: gather the winners, weight, and add them to dq and dk. Scratch memory is
-        reused ([h, N, B, d] per item: 51 MB at batch 128), since fresh pages cost more than the arithmetic."""
+    def _backward_items(w1, w2, qf, kf, idx1, idx2, dq, dk, items, budget):
+        """Groups of query items at a time: gather the winners, weight, and add them to dq and dk. A group holds
+        about ``budget`` gathered numbers ([h, items, N, B, d]: 51 M a query item at the papers' batch 128), so a
+        GPU launches ~10 kernels per group instead of per item (one item a time was ~2,400 launches a SCORER
+        step at batch 16 on an H200, docs/measurements.md); the scratch is reused, since fresh pages cost more
+        than the arithmetic."""
         h, a_n, n, d = qf.shape
         b_n, m = kf.shape[1], kf.shape[2]
         dev = qf.device
+        items = list(items)
         k_rows, q_rows = kf.reshape(h * b_n * m, d), qf.reshape(h * a_n * n, d)
-        dq4, dk4 = dq.view(h, a_n, n, d), dk.view(h, b_n, m, d)
-        krow_base = ((torch.arange(h, device=dev).view(h, 1, 1) * b_n + torch.arange(b_n, device=dev)) * m)  # [h, 1, B]
-        scratch = torch.empty(h * max(n, m) * b_n, d, device=dev, dtype=qf.dtype)
-        for a in items:
+        dk4 = dk.view(h, b_n, m, d)
+        krow_base = ((torch.arange(h, device=dev).view(h, 1, 1, 1) * b_n + torch.arange(b_n, device=dev)) * m)
+        ca = max(1, min(len(items), budget // (h * max(n, m) * b_n * d)))
+        scratch = torch.empty(h * ca * max(n, m) * b_n, d, device=dev, dtype=qf.dtype)
+        for g0 in range(0, len(items), ca):
+            a0, a1 = items[g0], items[min(g0 + ca, len(items)) - 1] + 1  # items is a contiguous range
+            c = a1 - a0
             if w1 is not None:  # t2v: query token (a, l) won key token (b, idx1[a, l, b]) of each key item b
-                krow = (krow_base + idx1[:, a].long()).reshape(-1)  # rows of k_rows, [h, N, B]
-                kg = torch.index_select(k_rows, 0, krow, out=scratch[:krow.numel()]).view(h, n, b_n, d)
-                wa = w1[:, a]  # [h, B]
-                dq4[:, a] += torch.matmul(wa.view(h, 1, 1, b_n), kg).view(h, n, d)  # Σ_b w[b]·k[b, winner]
-                src = torch.mul(qf[:, a].unsqueeze(2), wa.view(h, 1, b_n, 1), out=kg)  # w[b]·q[a, l]
+                krow = (krow_base + idx1[:, a0:a1].long()).reshape(-1)  # rows of k_rows, [h, c, N, B]
+                kg = torch.index_select(k_rows, 0, krow, out=scratch[:krow.numel()]).view(h, c, n, b_n, d)
+                wa = w1[:, a0:a1]  # [h, c, B]
+                dq.view(h, a_n, n, d)[:, a0:a1] += torch.matmul(wa.view(h, c, 1, 1, b_n), kg).view(h, c, n, d)
+                src = torch.mul(qf[:, a0:a1].unsqueeze(3), wa.view(h, c, 1, b_n, 1), out=kg)  # w[b]·q[a, l]
                 dk.index_add_(0, krow, src.view(-1, d))
             if w2 is not None:  # v2t: key token (b, m) won query token (a, idx2[a, b, m])
-                qrow = ((torch.arange(h, device=dev).view(h, 1, 1) * a_n + a) * n + idx2[:, a].long()).reshape(-1)
-                qg = torch.index_select(q_rows, 0, qrow, out=scratch[:qrow.numel()]).view(h, b_n, m, d)
-                wa = w2[:, a].view(h, b_n, 1, 1)
-                dk4.addcmul_(qg, wa)
-                src = torch.mul(kf, wa, out=qg)
+                arows = (torch.arange(h, device=dev).view(h, 1, 1, 1) * a_n
+                         + torch.arange(a0, a1, device=dev).view(1, c, 1, 1)) * n
+                qrow = (arows + idx2[:, a0:a1].long()).reshape(-1)  # [h, c, B, M]
+                qg = torch.index_select(q_rows, 0, qrow, out=scratch[:qrow.numel()]).view(h, c, b_n, m, d)
+                wa = w2[:, a0:a1].view(h, c, b_n, 1, 1)
+                dk4 += torch.einsum("hcbmd,hcb->hbmd", qg, w2[:, a0:a1])  # Σ_a w[a, b]·q[a, winner]
+                src = torch.mul(kf.unsqueeze(1), wa, out=qg)  # w[a, b]·k[b, m]
                 dq.index_add_(0, qrow, src.view(-1, d))
 
 
