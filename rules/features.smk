@@ -11,8 +11,10 @@ rule extract_features:
         shortcut=lambda w: config["features"][w.backbone].get("shortcut", "strided"),
         pool=lambda w: config["features"][w.backbone].get("pool", 0),
     # All the machine's cores: Snakemake scales a rule's threads down to --cores. A constant, not workflow.cores,
-    # which is undefined (an error) where no --cores is given: `snakemake --report`, cluster profiles.
-    threads: 64
+    # which is undefined (an error) where no --cores is given: `snakemake --report`, cluster profiles. On a local
+    # CPU run, the cores the machine has (CPU_JOB_LIMIT): `--cores 8` on 2 cores otherwise reserved all 8 for one
+    # extraction, so the backbones ran one after the other with nothing beside them (~1.4 of 2 cores busy).
+    threads: lambda w: CPU_JOB_LIMIT or 64
     resources:
         gpu=GPU_TOKEN,
         mem_mb=8000,
