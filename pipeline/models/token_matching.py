@@ -228,7 +228,7 @@ class _TokenMax(torch.autograd.Function):
 
         def part(lo, hi):
             dks[lo] = dk if lo == 0 else torch.zeros_like(dk)
-            _TokenMax._backward_items(w1, w2, qf, kf, idx1, idx2, dq, dks[lo], range(lo, hi), budget)
+            _TokenMax._backward_items(w1, w2, qf, kf, idx1, idx2, dq, dks[lo], lo, hi, budget)
 
         _run_parallel(q.device, part, a_n)
         for lo in sorted(dks)[1:]:
@@ -236,29 +236,28 @@ class _TokenMax(torch.autograd.Function):
         return dq.view(h, a_n, n, d).to(q.dtype), dk.view(h, b_n, m, d).to(k.dtype), None
 
     @staticmethod
-    def _backward_items(w1, w2, qf, kf, idx1, idx2, dq, dk, items, budget):
-        """Groups of query items at a time: gather the winners, weight, and add them to dq and dk. A group holds
-        about ``budget`` gathered numbers ([h, items, N, B, d]: 51 M a query item at the papers' batch 128), so a
-        GPU launches ~10 kernels per group instead of per item (one item a time was ~2,400 launches a SCORER
-        step at batch 16 on an H200, docs/measurements.md); the scratch is reused, since fresh pages cost more
-        than the arithmetic."""
+    def _backward_items(w1, w2, qf, kf, idx1, idx2, dq, dk, lo, hi, budget):
+        """Query items ``lo``..``hi - 1`` in groups: gather the winners, weight, and add them to dq and dk. A
+        group holds about ``budget`` gathered numbers ([h, items, N, B, d]: 51 M a query item at the papers' batch
+        128), so a GPU launches ~10 kernels per group instead of per item (one item a time was ~2,400 launches a
+        SCORER step at batch 16 on an H200, docs/measurements.md); the scratch is reused, since fresh pages cost
+        more than the arithmetic."""
         h, a_n, n, d = qf.shape
         b_n, m = kf.shape[1], kf.shape[2]
         dev = qf.device
-        items = list(items)
         k_rows, q_rows = kf.reshape(h * b_n * m, d), qf.reshape(h * a_n * n, d)
-        dk4 = dk.view(h, b_n, m, d)
+        dq4, dk4 = dq.view(h, a_n, n, d), dk.view(h, b_n, m, d)
         krow_base = ((torch.arange(h, device=dev).view(h, 1, 1, 1) * b_n + torch.arange(b_n, device=dev)) * m)
-        ca = max(1, min(len(items), budget // (h * max(n, m) * b_n * d)))
+        ca = max(1, min(hi - lo, budget // (h * max(n, m) * b_n * d)))
         scratch = torch.empty(h * ca * max(n, m) * b_n, d, device=dev, dtype=qf.dtype)
-        for g0 in range(0, len(items), ca):
-            a0, a1 = items[g0], items[min(g0 + ca, len(items)) - 1] + 1  # items is a contiguous range
+        for a0 in range(lo, hi, ca):
+            a1 = min(a0 + ca, hi)
             c = a1 - a0
             if w1 is not None:  # t2v: query token (a, l) won key token (b, idx1[a, l, b]) of each key item b
                 krow = (krow_base + idx1[:, a0:a1].long()).reshape(-1)  # rows of k_rows, [h, c, N, B]
                 kg = torch.index_select(k_rows, 0, krow, out=scratch[:krow.numel()]).view(h, c, n, b_n, d)
                 wa = w1[:, a0:a1]  # [h, c, B]
-                dq.view(h, a_n, n, d)[:, a0:a1] += torch.matmul(wa.view(h, c, 1, 1, b_n), kg).view(h, c, n, d)
+                dq4[:, a0:a1] += torch.matmul(wa.view(h, c, 1, 1, b_n), kg).view(h, c, n, d)
                 src = torch.mul(qf[:, a0:a1].unsqueeze(3), wa.view(h, c, 1, b_n, 1), out=kg)  # w[b]·q[a, l]
                 dk.index_add_(0, krow, src.view(-1, d))
             if w2 is not None:  # v2t: key token (b, m) won query token (a, idx2[a, b, m])
