@@ -241,3 +241,19 @@ def test_learns_to_copy_a_caption_and_greedy_stops_at_end():
     out = m.generate(batch["before"], batch["after"], max_len=9)
     assert torch.equal(out[:, :5], batch["labels"][:, 1:6])  # four words then <END>
     assert (out[:, 5:] == 0).all()
+
+
+def test_grid_positions_start_at_xavier_scale_below_the_content():
+    """The row / column tables start xavier-uniform, as the official code's weight matrices (not nn.Embedding's
+    N(0, 1), under which position outweighed content and the RR ablation never left the constant caption)."""
+    from pipeline.models.attention import GridEmbedding
+
+    torch.manual_seed(0)
+    emb = GridEmbedding(feat_dim=1024, dim=128, pool=7)
+    bound = math.sqrt(6 / (7 + 64))  # xavier-uniform of a [7, 64] table
+    for table in (emb.col_embed.weight.detach(), emb.row_embed.weight.detach()):
+        assert table.abs().max() <= bound and table.std().item() == pytest.approx(bound / math.sqrt(3), rel=0.15)
+    with torch.no_grad():
+        grid = torch.randn(4, 1024, 7, 7).relu()  # a CNN grid's scale: non-negative, unit-variance pre-activation
+        content = emb.proj(grid.flatten(2).transpose(1, 2))
+        assert emb.positions(7, 7).std() < 0.5 * content.std()
