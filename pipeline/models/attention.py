@@ -6,9 +6,9 @@
   CPU, where the probabilities are materialised so that the cheap 16-bit dropout mask of
   ``pipeline.models.dropout`` replaces the slow ``bernoulli_`` one that SDPA would draw.
 - ``GridEmbedding``: Eq. (1) of both papers: a 1×1 convolution of the CNN grid to ``dim`` channels plus a
-  learned position embedding (row and column tables of ``dim/2`` each, concatenated, as in the official code;
-  xavier-uniform as the official code initialises them; ``nn.Embedding``'s N(0, 1) made position outweigh
-  content). ``pool`` average-pools the grid first
+  learned position embedding (row and column tables of ``dim/2`` each, concatenated and started xavier-uniform,
+  as in the official code; ``nn.Embedding``'s N(0, 1) made position outweigh content). ``pool`` average-pools the
+  grid first
   (e.g. 14×14 -> 7×7: 1/4 of the tokens, 1/16 of the attention and token-matching cost), a CPU-sized
   reduction that the table row states.
 - ``cross_cell_scores``: additive attention scores that favour, between the two images of a pair, cell i of
