@@ -199,6 +199,8 @@ def _shape_parts(model: dict) -> list[str]:
         out.append("balanced attention use")
     if shape.get("cross_cell_bias"):
         out.append("cross-cell attention bias")
+    if shape.get("type_embedding"):
+        out.append("image type embedding")
     if shape.get("freeze_encoder") is True or model.get("freeze_encoder") is True:
         out.append("frozen encoder")
     return out

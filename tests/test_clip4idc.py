@@ -64,6 +64,27 @@ def test_intra_layers_never_mix_the_two_images_and_inter_layers_do():
         h.remove()
 
 
+def test_type_embedding_tells_the_captioning_encoder_which_image_a_token_came_from():
+    torch.manual_seed(0)
+    t, dim = 5, 16
+    visual = torch.randn(2, 2 * t, dim)
+    swapped = torch.cat([visual[:, t:], visual[:, :t]], 1)  # the after image's tokens first
+    plain = Captioner(20, dim=dim, **CAP).eval()
+    # No positions of its own: without the embedding, swapping the images only swaps the memory's halves.
+    m, ms = plain.memory(visual), plain.memory(swapped)
+    torch.testing.assert_close(ms, torch.cat([m[:, t:], m[:, :t]], 1))
+    typed = Captioner(128, dim=128, type_embedding=0.3, **CAP)
+    assert 0.25 < typed.type_embedding.std().item() < 0.35 and typed.type_embedding.shape == (2, 128)
+    typed = Captioner(20, dim=dim, type_embedding=0.3, **CAP).eval()
+    m, ms = typed.memory(visual), typed.memory(swapped)
+    assert (ms - torch.cat([m[:, t:], m[:, :t]], 1)).abs().amax() > 1e-2
+    # It trains with the captioner (its optimiser group), frozen encoder or not.
+    model = CLIP4IDC(20, clip=SMALL, n_intra=4, joint_position=False, freeze_encoder=True, type_embedding=0.3, **CAP)
+    assert any(p is model.captioner.type_embedding for p in model.param_groups(1e-3)[0]["params"])
+    model.training_loss(triplet_batch())[0].backward()
+    assert model.captioner.type_embedding.grad.abs().sum() > 0
+
+
 def test_split_sets_layer_counts_and_the_joint_embeddings():
     s = ClipShape(**SMALL)
     enc = PairEncoder(s, n_intra=3, joint_position=True)

@@ -56,7 +56,7 @@ TRANSFORMER = dict(dim=32, heads=2, layers=1, grid=GRID, word_dim=32, decoder_he
 IDC_PCL = dict(hidden=32, heads=2, ff=64, layers=1, single_layers=1, pair_layers=1, dropout=0.0)
 CLIP_SHAPE = dict(vision_width=32, vision_layers=2, vision_heads=2, patch_size=8, image_size=8 * GRID, embed_dim=32,
                   text_width=32, text_layers=1, text_heads=2)
-CLIP = dict(clip=CLIP_SHAPE, layers=1, heads=2, ffn=64, dropout=0.0)
+CLIP = dict(clip=CLIP_SHAPE, layers=1, heads=2, ffn=64, dropout=0.0, type_embedding=0.3)  # as on CLEVR-Change
 AUX = dict(primary_model=DUDA, embed_dim=32, word_dim=32, img_hidden=32, text_dropout=0.0)
 
 # method -> (model overrides, input kind, Adam steps, lr)

@@ -320,6 +320,9 @@ def test_config_summary_is_derived_from_run_json():
     clip = {"model": {"clip": {"vision_width": 32, "vision_layers": 4}, "n_intra": 3, "layers": 1},
             "train": {"iterations": 4, "batch_size": 4}}
     assert tables.summarise_config(clip) == "CLIP w=32, 4 layers, N_intra=3 of 4, 1 layer, 4 steps, batch 4"
+    clip["model"].update(cross_cell_bias=4.0, type_embedding=0.3)
+    assert tables.summarise_config(clip) == ("CLIP w=32, 4 layers, N_intra=3 of 4, 1 layer, cross-cell attention bias, "
+                                             "image type embedding, 4 steps, batch 4")
     aux = {"model": {"primary_model": {"hidden": 512, "att_hidden": 128}, "embed_dim": 256}, "train": {"iterations": 80}}
     assert tables.summarise_config(aux) == "d=512, att 128, aux d=256, 80 steps"
     aux["model"]["primary_model"].update(reduce="mean", own_difference=True, usage_weight=0.1)

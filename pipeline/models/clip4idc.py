@@ -55,6 +55,13 @@ patch i of the other wherever the two images' tokens meet (the inter layers; the
 only joint stack). The same term as IDC-PCL's (``pipeline.models.idc_pcl``, where the measurements are): on the
 small CPU budgets a single stream over both images does not find which tokens to compare by itself.
 
+Image type embedding (``type_embedding``, a deviation of the embedded default; 0, the paper's model, adds nothing):
+a learned vector for each image, before and after, added to each of its tokens at the captioning encoder's input,
+as BERT's token-type embedding, started at N(0, σ²) with σ the configured value. The captioning encoder has no
+positions of its own, so otherwise which image a token came from is only in e1/e2, added before ``ln_post`` at
+CLIP's scale (std width^-0.5, against tokens of norm ~15) and held with the encoder: CLIP-FT, whose only joint
+stack is this encoder, told an addition from a removal worst of all rows (measured, ``config/config.yaml``).
+
 Frozen encoder (``freeze_encoder``; CLIP4IDC Table 7 and, on the CPU default, the paper's 1e-7 taken to 0): no
 gradient and no optimiser group for the vision encoder. ``encoder_cache_mb`` then keeps each training image's
 intra-layer output (keyed by its pixels' bytes, computed for that image alone, up to that many MiB) so the ViT
@@ -505,15 +512,20 @@ class Captioner(nn.Module):
     512-d word embeddings (appendix B: d_T = 512) and GELU feed-forward layers as the official BERT-style decoder."""
 
     def __init__(self, vocab_size: int, dim: int = 512, layers: int = 3, heads: int = 8, ffn: int = 2048,
-                 dropout: float = 0.1, max_positions: int = 64, cross_cell_bias: float = 0.0):
+                 dropout: float = 0.1, max_positions: int = 64, cross_cell_bias: float = 0.0,
+                 type_embedding: float = 0.0):
         super().__init__()
         self.encoder = nn.ModuleList(EncoderLayer(dim, heads, ffn, dropout) for _ in range(layers))
+        # A deviation when non-zero (module docstring): before / after vectors added at the encoder's input.
+        self.type_embedding = nn.Parameter(torch.randn(2, dim) * type_embedding) if type_embedding else None
         # The same deviation as PairEncoder's, for the captioning encoder's joint sequence (CLIP-FT's only one).
         self.cross_cell_bias = nn.Parameter(torch.tensor(float(cross_cell_bias))) if cross_cell_bias else None
         self.decoder = TransformerDecoder(vocab_size, dim=dim, word_dim=dim, heads=heads, layers=layers, ffn_dim=ffn,
                                           dropout=dropout, activation="gelu", max_len=max_positions)
 
     def memory(self, visual: torch.Tensor) -> torch.Tensor:
+        if self.type_embedding is not None:  # [before's T tokens, after's T tokens]
+            visual = visual + self.type_embedding.repeat_interleave(visual.size(1) // 2, 0).to(visual.dtype)
         mask = None
         if self.cross_cell_bias is not None:  # [CLS1, n patches, CLS2, n patches]
             mask = cross_cell_scores(self.cross_cell_bias, visual.size(1) // 2 - 1).to(visual.dtype)
@@ -548,7 +560,8 @@ class CLIP4IDC(CaptionModel):
                  weights_dir: str = "resources/weights", clip: dict | None = None, n_intra: int = 9,
                  joint_position: bool = True, freeze_encoder: bool = False, encoder_lr_mult: float = 1e-3,
                  layers: int = 3, heads: int = 8, ffn: int = 2048, dropout: float = 0.1, max_positions: int = 64,
-                 cross_cell_bias: float = 0.0, encoder_cache_mb: float = 0.0, freeze_intra: bool = False):
+                 cross_cell_bias: float = 0.0, encoder_cache_mb: float = 0.0, freeze_intra: bool = False,
+                 type_embedding: float = 0.0):
         super().__init__()
         if feat_dim != 3:
             raise PipelineError(f"CLIP4IDC reads raw pixels (backbone clip_pixels224, 3 channels); the feature "
@@ -556,7 +569,7 @@ class CLIP4IDC(CaptionModel):
         shape = clip_shape(clip)
         self.encoder = PairEncoder(shape, n_intra, joint_position, cross_cell_bias)
         self.captioner = Captioner(vocab_size, shape.embed_dim, layers, heads, ffn, dropout, max_positions,
-                                   cross_cell_bias)
+                                   cross_cell_bias, type_embedding)
         self.freeze_encoder, self.encoder_lr_mult = freeze_encoder, encoder_lr_mult
         self.weights_identity = "CLIP " + _apply_weights(self, weights, weights_dir, openai_key_map(shape, text=None,
                                                          text_proj=None, logit_scale=None))
