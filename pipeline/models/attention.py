@@ -8,8 +8,7 @@
 - ``GridEmbedding``: Eq. (1) of both papers: a 1×1 convolution of the CNN grid to ``dim`` channels plus a
   learned position embedding (row and column tables of ``dim/2`` each, concatenated and started xavier-uniform,
   as in the official code; ``nn.Embedding``'s N(0, 1) made position outweigh content). ``pool`` average-pools the
-  grid first
-  (e.g. 14×14 -> 7×7: 1/4 of the tokens, 1/16 of the attention and token-matching cost), a CPU-sized
+  grid first (e.g. 14×14 -> 7×7: 1/4 of the tokens, 1/16 of the attention and token-matching cost), a CPU-sized
   reduction that the table row states.
 - ``cross_cell_scores``: additive attention scores that favour, between the two images of a pair, cell i of
   one and cell i of the other (a learned scalar; the single-stream models' optional ``cross_cell_bias``).
