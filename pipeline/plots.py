@@ -168,6 +168,15 @@ def _mark_selected(ax, run: Run, y: float | None, style: str) -> None:
                 label=f"selected: step {run.selected_step}" + (f" (seed {run.seed})" if run.seed != "0" else ""))
 
 
+def _colour(ax, colours: dict, key: str) -> str:
+    """The figure-wide colour of ``key``; a new key takes a colour no curve of ``ax`` has yet (the palette has 10,
+    a pre-training's keys alone can be more: numbering keys in order gave two curves of one panel one colour)."""
+    if key not in colours:
+        used = {line.get_color() for line in ax.get_lines()}
+        colours[key] = next((f"C{i}" for i in range(10) if f"C{i}" not in used), f"C{len(colours) % 10}")
+    return colours[key]
+
+
 def _stage_row(axes, runs: list[Run], title: str, colours: dict, with_diag: bool) -> None:
     ax_loss, ax_val = axes[0], axes[1]
     stage = runs[0].stage
@@ -184,12 +193,12 @@ def _stage_row(axes, runs: list[Run], title: str, colours: dict, with_diag: bool
             pts = [(r["step"], r[k]) for r in run.records if _numeric(r.get(k))]
             all_values += [v for _, v in pts]
             ax_loss.plot([p[0] for p in pts], [p[1] for p in pts], ls=style, marker=".",
-                         color=colours.setdefault(k, f"C{len(colours) % 10}"), label=f"{k}{seed}")
+                         color=_colour(ax_loss, colours, k), label=f"{k}{seed}")
         if stage == "pre-training":
             for k in validation_keys(run.records):
                 pts = [(r["step"], r[k]) for r in run.records if _numeric(r.get(k))]
                 ax_val.plot([p[0] for p in pts], [p[1] for p in pts], ls=style, marker=".",
-                            color=colours.setdefault(k, f"C{len(colours) % 10}"), label=f"{k}{seed}")
+                            color=_colour(ax_val, colours, k), label=f"{k}{seed}")
             _mark_selected(ax_val, run, None, style)
         else:
             _, scale = _score_axis(stage)
@@ -201,7 +210,7 @@ def _stage_row(axes, runs: list[Run], title: str, colours: dict, with_diag: bool
             for k in diagnostic_keys(run.records):
                 pts = [(r["step"], r[k]) for r in run.records if _numeric(r.get(k))]
                 axes[2].plot([p[0] for p in pts], [p[1] for p in pts], ls=style, marker=".",
-                             color=colours.setdefault(k, f"C{len(colours) % 10}"), label=f"{k}{seed}")
+                             color=_colour(axes[2], colours, k), label=f"{k}{seed}")
     ax_loss.set_title(f"{title}: train losses (means between validations)", fontsize=9)
     ax_val.set_title(f"{title}: {_score_axis(stage, runs[0].metric)[0]}", fontsize=9)
     if all_values:

@@ -91,6 +91,33 @@ def test_method_and_table_figures_are_written(tmp_path, monkeypatch):
     assert not list(out.glob(".*tmp"))  # atomic: no temporary left behind
 
 
+def test_curves_of_one_panel_have_distinct_colours_beyond_the_palette(tmp_path, monkeypatch):
+    """IDC-PCL's figure: its pre-training logs more keys (losses, validation, diagnostics) than the palette's 10
+    colours; its fine-tuning's ``mlm`` and ``dj`` were drawn in one colour."""
+    first = tmp_path / "idc_pcl_pretrain" / "seed0"
+    write_json(first / "pretrain.json", {"name": "idc_pcl_pretrain", "steps": 8})
+    val = {"val_mlm": 4.0, "val_mlm_acc": 0.1, "val_fda": 1.9, "val_fda_acc": 0.2, "val_mvcl": 6.0}
+    _log(first / "train_log.jsonl", [{"validation": 1, **val}, _rec(4, 5.0, 1.0, mlm=5.0, fda=1.9, mvcl=6.0,
+                                                                     mlm_acc=0.1, fda_acc=0.2),
+                                     {"validation": 2, **val}, _rec(8, 4.0, 1.0, mlm=4.0, fda=1.8, mvcl=5.9,
+                                                                     mlm_acc=0.2, fda_acc=0.3)])
+    run = tmp_path / "idc_pcl" / "seed0"
+    write_json(run / "run.json", {"method": "idc_pcl", "kind": "reproduced", "seed": 0, "selected_step": 10})
+    _log(run / "train_log.jsonl", [_rec(5, 3.0, 0.2, mlm=2.0, dj=1.0, dj_acc=0.5),
+                                   _rec(10, 2.0, 0.5, mlm=1.5, dj=0.5, dj_acc=0.7)])
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, out: figures.append(fig))
+    plots.method_figure("idc_pcl", [plots.load_run(run)], [plots.load_run(first)], tmp_path / "f.png")
+    (fig,) = figures
+    for ax in fig.axes:
+        curves = [line for line in ax.get_lines() if not line.get_label().startswith("_")]
+        colours = [line.get_color() for line in curves]
+        assert len(colours) == len(set(colours)), (ax.get_title(), [(c.get_label(), c.get_color()) for c in curves])
+    mlm = [line.get_color() for ax in fig.axes if "train losses" in ax.get_title()
+           for line in ax.get_lines() if line.get_label() == "mlm"]
+    assert len(mlm) == 2 and mlm[0] == mlm[1]  # a key keeps its colour across the stages
+
+
 def test_a_run_without_a_log_is_drawn_not_fatal(tmp_path):
     d = tmp_path / "duda" / "seed0"
     write_json(d / "run.json", {"method": "duda", "kind": "reproduced", "seed": 0, "selected_step": 5})
