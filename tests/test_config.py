@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.config import load, merge, run_config, validate
+from pipeline.config import load, merge, run_config, run_section, validate
 from pipeline.errors import PipelineError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -130,6 +130,10 @@ def test_the_tiny_configuration_keeps_every_run_tiny_over_the_default():
     # and every tiny run validates inside its budget (a default val_every of 200 once leaked over 4 steps)
     late = {k: t.get("val_every") for k, t in trains.items() if t.get("val_every", 0) > t["iterations"]}
     assert not late, late
+    # and every tiny CLIP keeps the tiny block's size (the default's CLEVR-Change ViT width once leaked)
+    sizes = {(d, n): run_config(cfg, d, n)["model"].get("clip") for d in tiny["datasets"] for n in runs}
+    wide = {k: c for k, c in sizes.items() if c is not None and c != tiny[run_section(tiny, k[1])][k[1]]["model"]["clip"]}
+    assert not wide, wide
     # the check itself sees a default override that leaks
     default["datasets"]["clevr_change"].setdefault("overrides", {})["scorer"] = {"train": {"iterations": 900}}
     assert run_config(merge(default, tiny), "clevr_change", "scorer")["train"]["iterations"] == 900
