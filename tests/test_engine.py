@@ -245,6 +245,24 @@ def test_precision_chooses_the_autocast():
         parse_hparams('{"train": {"iterations": 1, "lr": 1e-3, "batch_size": 2, "val_every": 1, "precision": "half"}}')
 
 
+def test_fast_precision_needs_the_bf16_instruction_not_onednn_emulation(tmp_path, monkeypatch):
+    # oneDNN reports bf16 support on every AVX-512 CPU (it emulates it, ~5x slower than fp32 there): `fast` must
+    # look for the instruction itself
+    from pipeline.engine import cpu_flags, native_bf16
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512bw avx512_vnni\n\n")
+    assert cpu_flags(str(info)) == {"fpu", "avx2", "avx512f", "avx512bw", "avx512_vnni"}
+    assert cpu_flags(str(tmp_path / "absent")) is None
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
+    assert not native_bf16(cpu, flags={"avx2", "avx512f", "avx512bw", "avx512_vnni"})
+    assert native_bf16(cpu, flags={"avx512f", "avx512_bf16"}) and native_bf16(cpu, flags={"amx_bf16", "amx_tile"})
+    assert native_bf16(torch.device("cuda"), flags=set())
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    assert not native_bf16(cpu, flags={"avx512_bf16"})
+
+
 def test_bf16_training_on_cpu_follows_fp32():
     from pipeline.engine import autocast
     from tests.test_scorer import make, small_batch
