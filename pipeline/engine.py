@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,34 +100,21 @@ class TrainConfig:
 PRECISIONS = {"auto", "bf16", "fast", "fp32"}
 
 
-def cpu_flags(path: str = "/proc/cpuinfo") -> set[str] | None:
-    """The CPU's feature flags (Linux ``/proc/cpuinfo``), or None where that file does not exist."""
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        return None
-    return set()
-
-
-def native_bf16(device: torch.device, flags: set[str] | None = None) -> bool:
+def native_bf16(device: torch.device) -> bool:
     """Whether ``device`` runs bf16 matrix products in hardware (CUDA, or a CPU with AVX512-BF16 or AMX).
 
     oneDNN's own check (``torch.ops.mkldnn._is_mkldnn_bf16_supported``) is true on any AVX-512 CPU because it
     emulates bf16 there, and that emulation is slow: measured on a 2-core AVX-512 Xeon without AVX512-BF16
-    (2026-12-03), a 2048^2 product runs at 307 GFLOP/s in fp32 and 63 in bf16. So x86 needs the instruction
-    itself in the CPU's flags; an ARM CPU needs ``bf16``; without ``/proc/cpuinfo`` oneDNN's check decides.
+    (2026-12-03), a 2048^2 product runs at 307 GFLOP/s in fp32 and 63 in bf16. So an x86 CPU also needs the
+    instruction itself (torch's cpuinfo queries); elsewhere (ARM) oneDNN's check already asks the hardware.
     """
     if device.type == "cuda":
         return True
     if device.type != "cpu" or not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return False
-    flags = cpu_flags() if flags is None else flags
-    if flags is None:
+    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686"):
         return True
-    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
 def resolved_precision(device: torch.device, precision: str) -> str:

@@ -245,22 +245,26 @@ def test_precision_chooses_the_autocast():
         parse_hparams('{"train": {"iterations": 1, "lr": 1e-3, "batch_size": 2, "val_every": 1, "precision": "half"}}')
 
 
-def test_fast_precision_needs_the_bf16_instruction_not_onednn_emulation(tmp_path, monkeypatch):
-    # oneDNN reports bf16 support on every AVX-512 CPU (it emulates it, ~5x slower than fp32 there): `fast` must
-    # look for the instruction itself
-    from pipeline.engine import cpu_flags, native_bf16
+def test_fast_precision_needs_the_bf16_instruction_not_onednn_emulation(monkeypatch):
+    # oneDNN reports bf16 support on every AVX-512 CPU (it emulates it, ~5x slower than fp32 there): on x86 `fast`
+    # must find the instruction itself
+    import platform
 
-    info = tmp_path / "cpuinfo"
-    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512bw avx512_vnni\n\n")
-    assert cpu_flags(str(info)) == {"fpu", "avx2", "avx512f", "avx512bw", "avx512_vnni"}
-    assert cpu_flags(str(tmp_path / "absent")) is None
+    from pipeline.engine import native_bf16
+
     cpu = torch.device("cpu")
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
-    assert not native_bf16(cpu, flags={"avx2", "avx512f", "avx512bw", "avx512_vnni"})
-    assert native_bf16(cpu, flags={"avx512f", "avx512_bf16"}) and native_bf16(cpu, flags={"amx_bf16", "amx_tile"})
-    assert native_bf16(torch.device("cuda"), flags=set())
+    for avx512_bf16, amx, want in ((False, False, False), (True, False, True), (False, True, True)):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512_bf16: v)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v)
+        assert native_bf16(cpu) is want, (avx512_bf16, amx)
+    assert native_bf16(torch.device("cuda"))
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
-    assert not native_bf16(cpu, flags={"avx512_bf16"})
+    assert not native_bf16(cpu)  # the instruction without oneDNN's kernels: no bf16 path
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    assert native_bf16(cpu)  # on ARM oneDNN's check is the hardware's
 
 
 def test_bf16_training_on_cpu_follows_fp32():
