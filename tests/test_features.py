@@ -282,8 +282,11 @@ def test_hdf5_round_trip_through_the_stage(tmp_path):
         np.testing.assert_array_equal(store.get_many([keys[4], keys[0], keys[4]]), got[[4, 0, 4]])
     with h5py.File(out, "r") as f:
         assert f["features"].chunks == (1, 1024, 4, 4) and f["features"].dtype == np.float16
+        stored = f["features"][()]
         assert "done" not in f
         assert h5py.check_string_dtype(f["keys"].dtype).encoding == "utf-8"
+    with FeatureStore(out) as store:  # the float32 rows are the stored float16 values exactly (the cast is exact)
+        np.testing.assert_array_equal(store.get_many(keys), stored.astype(np.float32))
 
 
 def test_resume_equals_uninterrupted_run(tmp_path, extractor):

@@ -30,6 +30,17 @@ def _plain(value):
     return value
 
 
+def _float32(a: np.ndarray) -> np.ndarray:
+    """``a`` as float32, converted by torch: numpy's float16 → float32 cast is scalar code, ~20x slower
+    (96 rows of 2048x7x7: 213 ms against 10 ms on one core, measured 2026-12-03), and it ran on every training
+    batch. The values are the same (the cast is exact)."""
+    if a.dtype == np.float32:
+        return a
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(a)).to(torch.float32).numpy()
+
+
 class FeatureStore:
     def __init__(self, path: str | os.PathLike):
         import h5py
@@ -103,16 +114,15 @@ class FeatureStore:
 
     def get(self, key: str) -> np.ndarray:
         i = self.index_of(key)
-        return np.asarray(self._dataset()[i], dtype=np.float32)
+        return _float32(self._dataset()[i])
 
     def get_many(self, keys: Sequence[str] | Iterable[str]) -> np.ndarray:
         """float32 [n, *shape] in the order of ``keys`` (duplicates allowed). Rows are read in ascending
         index order, consecutive rows as one slice, then put back in the requested order."""
         keys = list(keys)
         idx = np.array([self.index_of(k) for k in keys], dtype=np.int64)
-        out = np.empty((len(keys),) + self._shape, dtype=np.float32)
         if not len(keys):
-            return out
+            return np.empty((0,) + self._shape, dtype=np.float32)
         uniq, inverse = np.unique(idx, return_inverse=True)
         ds = self._dataset()
         rows = np.empty((len(uniq),) + self._shape, dtype=ds.dtype)
@@ -123,8 +133,7 @@ class FeatureStore:
             a, b = int(uniq[start]), int(uniq[stop - 1]) + 1
             rows[start:stop] = ds[a:b]
             start = stop
-        out[...] = rows[inverse.reshape(-1)]
-        return out
+        return _float32(rows[inverse.reshape(-1)])
 
     # ---------------------------------------------------------------------------------- lifecycle
     def close(self) -> None:
