@@ -358,6 +358,7 @@ def test_frozen_encoder_cache_stays_under_its_limit_and_needs_a_frozen_encoder()
     out = m.cached_intra(x)
     assert len(m._intra_cache) == int(0.01 * 2 ** 20) // per_image < 8
     assert torch.allclose(out, m.encoder.intra(x), atol=1e-5)
+    assert torch.equal(m.cached_intra([x[:3], x[3:]]), out)  # batches in a list: the same images in order
     with pytest.raises(PipelineError, match="freeze_encoder"):
         CLIP4IDC(vocab_size=20, clip=SMALL, n_intra=2, encoder_cache_mb=1, **CAP)
 
@@ -583,3 +584,20 @@ def test_every_datasets_clip_captioners_load_the_adaptation_they_start_from(tiny
             CLIP4IDC(vocab_size=20, **cap_hp).init_from(adapt.state_dict())
             checked += 1
     assert checked >= len(cfg["datasets"]) * (1 if tiny else 2)
+
+
+def test_quick_gelu_is_clips_activation_with_its_gradient_and_replaces_it_everywhere():
+    from transformers.activations import QuickGELUActivation
+
+    from pipeline.models.clip4idc import CLIP4IDCAdapt, QuickGELU
+
+    x = (torch.randn(4000, dtype=torch.float64) * 4).requires_grad_()
+    y0 = QuickGELUActivation()(x)
+    (g0,) = torch.autograd.grad(y0.sum(), x)
+    y1 = QuickGELU()(x)
+    (g1,) = torch.autograd.grad(y1.sum(), x)
+    assert torch.allclose(y0, y1, atol=1e-12) and torch.allclose(g0, g1, atol=1e-12)
+    m = CLIP4IDCAdapt(60, 3, clip=dict(vision_width=32, vision_layers=2, vision_heads=2, text_width=32,
+                                       text_layers=1, text_heads=2, embed_dim=16), n_intra=1)
+    kinds = [type(mod) for mod in m.modules()]
+    assert QuickGELU in kinds and QuickGELUActivation not in kinds

@@ -622,6 +622,26 @@ def test_without_standardisation_there_are_no_statistics_and_inputs_pass_unchang
         tiny(feature_norm="whiten")
 
 
+def test_folded_standardisation_is_the_projection_of_the_standardised_features_with_its_gradients():
+    """``project`` folds (x − μ)/σ into the weights: the same outputs and the same gradients for W and b as
+    the linear layer applied to ``standardized`` features (a fold that forgot the bias term, or divided the
+    wrong axis, fails)."""
+    torch.manual_seed(0)
+    m = tiny(feature_norm="standardize")
+    table = _table(scale=np.linspace(0.2, 5.0, 12), shift=np.linspace(-3.0, 3.0, 12))
+    m.fit_input_stats(_Store(table), table)
+    x = torch.from_numpy(np.stack(list(table.values())[:4])).float()
+    grads = []
+    for f in (lambda: m.project(x), lambda: m.img_proj(m.standardized(x).flatten(2).transpose(1, 2))):
+        m.zero_grad()
+        y = f()
+        (y.sin() * torch.arange(y.numel()).view_as(y).remainder(7)).sum().backward()
+        grads.append((y.detach(), m.img_proj.weight.grad.clone(), m.img_proj.bias.grad.clone()))
+    for a, b in zip(*grads):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5)
+    assert grads[0][0].shape == (4, x.shape[2] * x.shape[3], m.d)
+
+
 def test_mvcl_masks_cells_to_the_channel_means_and_scores_in_standardised_space(monkeypatch):
     torch.manual_seed(0)
     m = tiny(feature_norm="standardize").eval()
