@@ -63,6 +63,9 @@ rule cache_pixels:
     params:
         root=lambda w: raw_root(w.dataset),
     threads: 2
+    priority: lambda w: features_priority(w.dataset, "clip_pixels224")
+    resources:
+        cpu_jobs=1 if CPU_JOB_LIMIT else 0,
     log:
         "logs/{dataset}/features_clip_pixels224.log",
     benchmark:

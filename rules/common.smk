@@ -107,6 +107,22 @@ def run_priority(dataset, name):
     return run_cost(dataset, name) + max(after, default=0)
 
 
+def features_priority(dataset, backbone):
+    """A feature file's priority: the longest chain that reads it (`run_priority`; a first-stage run without a
+    backbone of its own reads what the methods starting from it read). The extraction that the longest chain
+    waits for then starts first and runs beside one job instead of three: on the 2-core Xeon (main job of
+    da4bdcc) IDC-PCL's pre-training, at the head of the longest chain, started 7 minutes in, after CLIP-FT had
+    taken the second lane."""
+    def reads(name):
+        own = run_cfg(dataset, name).get("backbone")
+        if own:
+            return {own}
+        return {run_cfg(dataset, m).get("backbone") for m, b in config["methods"].items() if b.get("init_from") == name}
+
+    names = list(config["methods"]) + list(config.get("pretraining") or {})
+    return max((run_priority(dataset, n) for n in names if backbone in reads(n)), default=0)
+
+
 def method_backbone(dataset, method):
     return run_cfg(dataset, method)["backbone"]
 

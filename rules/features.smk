@@ -15,9 +15,11 @@ rule extract_features:
     # CPU run, the cores the machine has (CPU_JOB_LIMIT): `--cores 8` on 2 cores otherwise reserved all 8 for one
     # extraction, so the backbones ran one after the other with nothing beside them (~1.4 of 2 cores busy).
     threads: lambda w: CPU_JOB_LIMIT or 64
+    priority: lambda w: features_priority(w.dataset, w.backbone)
     resources:
         gpu=GPU_TOKEN,
         mem_mb=8000,
+        cpu_jobs=1 if CPU_JOB_LIMIT else 0,  # one of the training lanes (see features_priority)
     log:
         "logs/{dataset}/features_{backbone}.log",
     benchmark:

@@ -402,6 +402,20 @@ def test_training_jobs_are_scheduled_longest_chain_first(tmp_path):
         after = [cost(m) for m, b in cfg["methods"].items() if b.get("init_from") == name]
         assert f"priority: {cost(name) + max(after, default=0)}" in body, (rule, name, body)
         assert f"cpu_jobs={0 if shutil.which('nvidia-smi') else 1}" in body, body  # no limit where a GPU is
+    # A feature file's job takes a lane too, with the priority of the longest chain reading it (a first stage
+    # without a backbone reads what its methods read); in the default config, IDC-PCL's layer4 grid comes first.
+    names = list(cfg["methods"]) + list(cfg["pretraining"])
+    chain = lambda n: cost(n) + max([cost(m) for m, b in cfg["methods"].items() if b.get("init_from") == n], default=0)
+    reads = lambda n: ({run_config(cfg, "clevr_change", n)["backbone"]} if "backbone" in run_config(cfg, "clevr_change", n)
+                       else {run_config(cfg, "clevr_change", m)["backbone"] for m, b in cfg["methods"].items()
+                             if b.get("init_from") == n})
+    feats = re.findall(r"^(?:local)?rule (?:extract_features|cache_pixels):\n(.*?)(?=\n\n|\Z)", p.stdout + p.stderr,
+                       flags=re.M | re.S)
+    assert len(feats) == 3
+    for body in feats:
+        backbone = re.search(r"features/(\w+)\.h5", body).group(1)
+        assert f"priority: {max(chain(n) for n in names if backbone in reads(n))}\n" in body, body
+        assert f"cpu_jobs={0 if shutil.which('nvidia-smi') else 1}" in body, body
 
 
 def test_feature_extraction_stores_the_grid_the_models_read(tmp_path):
