@@ -110,9 +110,9 @@ def run_priority(dataset, name):
 def features_priority(dataset, backbone):
     """A feature file's priority: the longest chain that reads it (`run_priority`; a first-stage run without a
     backbone of its own reads what the methods starting from it read). The extraction that the longest chain
-    waits for then starts first and runs beside one job instead of three: on the 2-core Xeon (main job of
-    da4bdcc) IDC-PCL's pre-training, at the head of the longest chain, started 7 minutes in, after CLIP-FT had
-    taken the second lane."""
+    waits for then starts first: in the 2-core Xeon's main job of da4bdcc, when extraction took no lane, the CLIP
+    jobs took both lanes and IDC-PCL's pre-training, at the head of the longest chain, started 8 minutes in
+    (4 with this, docs/measurements.md)."""
     def reads(name):
         own = run_cfg(dataset, name).get("backbone")
         if own:

@@ -172,7 +172,7 @@ def fast_quick_gelu_(model: nn.Module) -> nn.Module:
     """Swap each of ``model``'s QuickGELU activations (no parameters) for ``QuickGELU``; returns ``model``."""
     from transformers.activations import QuickGELUActivation
 
-    for name, module in list(model.named_modules()):
+    for module in list(model.modules()):
         for child_name, child in list(module.named_children()):
             if isinstance(child, QuickGELUActivation):
                 setattr(module, child_name, QuickGELU())
