@@ -2,8 +2,8 @@
 same read cast by numpy (the store before 2026-12-03), in the same run.
 
 Every training step of a feature-based method reads its batch's before, after and distractor rows (96 rows at
-batch 32): numpy's float16 → float32 cast is scalar code and took ~60 ms a batch of the 2048×7×7 layer4 grid on
-one core, ~10 % of an IDC-PCL step, on a background thread that shares the two cores with the training jobs.
+batch 32): numpy's float16 → float32 cast is scalar code, ~60 of the 86 ms such a batch of the 2048×7×7 layer4
+grid took on one core (~10 % of an IDC-PCL step), on a background thread sharing the two cores with the training jobs.
 
     python benchmarks/bench_store.py                      # a synthetic float16 file like layer4 (2048x7x7)
     python benchmarks/bench_store.py --features results/clevr_change/features/resnet101_layer4.h5
@@ -24,13 +24,8 @@ from pipeline.features.store import FeatureStore
 
 
 def numpy_reference(store: FeatureStore, keys: list[str]) -> np.ndarray:
-    """The earlier read: the same hyperslabs, put into a float32 array by numpy's cast."""
-    idx = np.array([store.index_of(k) for k in keys])
-    uniq, inverse = np.unique(idx, return_inverse=True)
-    ds = store._dataset()
-    out = np.empty((len(keys),) + store.shape, dtype=np.float32)
-    out[...] = np.stack([ds[int(i)] for i in uniq])[inverse]
-    return out
+    """The earlier read: the same hyperslab reads, cast to float32 by numpy."""
+    return store.read_rows(keys).astype(np.float32)
 
 
 def synthetic(path: Path, n: int, shape: tuple[int, ...]) -> None:

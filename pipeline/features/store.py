@@ -117,12 +117,16 @@ class FeatureStore:
         return _float32(self._dataset()[i])
 
     def get_many(self, keys: Sequence[str] | Iterable[str]) -> np.ndarray:
-        """float32 [n, *shape] in the order of ``keys`` (duplicates allowed). Rows are read in ascending
-        index order, consecutive rows as one slice, then put back in the requested order."""
+        """float32 [n, *shape] in the order of ``keys`` (duplicates allowed)."""
+        return _float32(self.read_rows(keys))
+
+    def read_rows(self, keys: Sequence[str] | Iterable[str]) -> np.ndarray:
+        """[n, *shape] in the file's dtype, in the order of ``keys`` (duplicates allowed). Rows are read in
+        ascending index order, consecutive rows as one slice, then put back in the requested order."""
         keys = list(keys)
         idx = np.array([self.index_of(k) for k in keys], dtype=np.int64)
         if not len(keys):
-            return np.empty((0,) + self._shape, dtype=np.float32)
+            return np.empty((0,) + self._shape, dtype=self.dtype)
         uniq, inverse = np.unique(idx, return_inverse=True)
         ds = self._dataset()
         rows = np.empty((len(uniq),) + self._shape, dtype=ds.dtype)
@@ -133,7 +137,7 @@ class FeatureStore:
             a, b = int(uniq[start]), int(uniq[stop - 1]) + 1
             rows[start:stop] = ds[a:b]
             start = stop
-        return _float32(rows[inverse.reshape(-1)])
+        return rows[inverse.reshape(-1)]
 
     # ---------------------------------------------------------------------------------- lifecycle
     def close(self) -> None:
