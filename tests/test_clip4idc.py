@@ -314,7 +314,8 @@ def test_frozen_encoder_cache_runs_the_vit_once_per_image_and_changes_nothing(mo
 
 
 def test_frozen_encoder_cache_keyed_by_feature_rows_gives_the_same_loss_without_hashing(monkeypatch):
-    """A training batch's ``*_row`` keys the cache (no SHA-1 of the pixels); the loss equals the byte-keyed one."""
+    """A training batch's ``*_row`` keys the caches (no SHA-1 of the pixels); the loss equals the byte-keyed one
+    up to float rounding (with rows each pair's joint pass also runs alone, ``cached_pairs``)."""
     import pipeline.models.clip4idc as mod
 
     batch = {k: (v.to(torch.uint8) if v.is_floating_point() else v) for k, v in triplet_batch().items()}
@@ -332,9 +333,48 @@ def test_frozen_encoder_cache_keyed_by_feature_rows_gives_the_same_loss_without_
     calls = []
     intra = m.encoder.intra
     monkeypatch.setattr(m.encoder, "intra", lambda x: calls.append(len(x)) or intra(x))
-    assert torch.equal(m.training_loss(rowed)[0], by_bytes)
+    loss = m.training_loss(rowed)[0]
+    assert torch.allclose(loss, by_bytes, atol=1e-5)
     assert calls == [1] * 8 and sorted(m._intra_cache) == [0, 1, 3, 4, 5, 6, 7, 8]
-    assert torch.equal(m.training_loss(rowed)[0], by_bytes) and len(calls) == 8  # all hits
+    assert torch.equal(m.training_loss(rowed)[0], loss) and len(calls) == 8  # all hits
+
+
+def test_frozen_encoder_pair_cache_runs_the_joint_layers_once_per_pair(monkeypatch):
+    """Frozen, each (before, after) pair's F' is computed once, alone, and reused: the same loss from a warm cache,
+    from an empty one (a resumed run) exactly, and from the uncached batched pass up to float rounding; the
+    captioner still learns from it and the encoder gets no gradient."""
+    batch = {k: (v.to(torch.uint8) if v.is_floating_point() else v) for k, v in triplet_batch().items()}
+    batch["before"][2] = batch["before"][0]
+    rowed = dict(batch, before_row=torch.tensor([0, 1, 0]), after_row=torch.tensor([3, 4, 5]),
+                 distractor_row=torch.tensor([6, 7, 8]))
+
+    def model(cache_mb=1.0):
+        torch.manual_seed(0)
+        return CLIP4IDC(vocab_size=20, clip=SMALL, n_intra=1, freeze_encoder=True, encoder_cache_mb=cache_mb,
+                        **CAP).eval()
+
+    m = model()
+    calls = []
+    inter = m.encoder.inter
+    monkeypatch.setattr(m.encoder, "inter", lambda a, b: calls.append(len(a)) or inter(a, b))
+    loss = m.training_loss(rowed)[0]
+    assert calls == [1] * 6 and sorted(m._pair_cache) == [(0, 3), (0, 5), (0, 6), (0, 8), (1, 4), (1, 7)]
+    assert torch.equal(m.training_loss(rowed)[0], loss) and len(calls) == 6  # all hits: no joint layer ran
+    assert torch.equal(model().training_loss(rowed)[0], loss)
+    uncached = model(0.0)
+    uncached.cache_limit = 0
+    assert torch.allclose(uncached.training_loss(rowed)[0], loss, atol=1e-5)
+    m.train()
+    m.training_loss(rowed)[0].backward()
+    assert all(p.grad is None for p in m.encoder.parameters())
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in m.captioner.parameters())
+    # Another after image in a pair is another key; the budget counts both caches.
+    m.training_loss(dict(rowed, after_row=torch.tensor([3, 4, 9])))
+    assert len(calls) == 7 and (0, 9) in m._pair_cache
+    assert m._cache_bytes == sum(t.nbytes for c in (m._intra_cache, m._pair_cache) for t in c.values())
+    small = model(0.001)  # room for a few intra entries only: later pairs are computed every time
+    small.training_loss(rowed)
+    assert small._cache_bytes <= small.cache_limit and len(small._pair_cache) < 6
 
 
 def test_frozen_intra_layers_train_the_joint_layers_from_the_cache():
