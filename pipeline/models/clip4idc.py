@@ -65,9 +65,8 @@ stack is this encoder, told an addition from a removal worst of all rows (measur
 Frozen encoder (``freeze_encoder``; CLIP4IDC Table 7 and, on the CPU default, the paper's 1e-7 taken to 0): no
 gradient and no optimiser group for the vision encoder. ``encoder_cache_mb`` then keeps each training image's
 intra-layer output (keyed by its pixels' bytes, computed for that image alone, up to that many MiB) so the ViT
-runs once per image instead of once per epoch, and, where a training batch names its images' feature-file rows,
-each pair's encoder output F' as well (the joint layers are frozen too), so a step runs only the captioner;
-decoding uses neither. ``freeze_intra`` (a deviation of the
+runs once per image instead of once per epoch, and each training pair's encoder output F' as well (the joint
+layers are frozen too), so a step runs only the captioner; decoding uses neither. ``freeze_intra`` (a deviation of the
 CPU default) holds the patch embedding and the intra layers at their initialisation and trains the rest: in the
 adaptation the joint layers, the text encoder and the temperature (trained from scratch at chance, the whole
 ViT's adaptation left features its captioner could not read; measured, ``config/config.yaml``).
@@ -648,7 +647,7 @@ class CLIP4IDC(CaptionModel):
         stacked [nB, 2T, D]; the before image's intra pass is shared. ``rows``: the images' feature-file rows in
         the same order (before, then each of ``afters``), the intra cache's keys when given."""
         b = before.size(0)
-        if rows is not None and self.freeze_encoder and self.cache_limit:
+        if self.freeze_encoder and self.cache_limit:
             return self.cached_pairs(before, afters, rows)
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.freeze_encoder):
             h = self.cached_intra([before, *afters], rows) if self.cache_limit else self.encoder.intra(
@@ -656,13 +655,15 @@ class CLIP4IDC(CaptionModel):
             hb, *ha = h.split(b)
             return self.encoder.inter(torch.cat([hb] * len(afters)), torch.cat(ha))
 
-    def cached_pairs(self, before, afters: list, rows: list[int]) -> torch.Tensor:
+    def cached_pairs(self, before, afters: list, rows: list[int] | None = None) -> torch.Tensor:
         """F' of each (before, after) pair as ``encode_pairs`` orders them, for a frozen encoder: from the pair
-        cache (keyed by the two images' feature-file rows), or computed for that pair alone (its intra passes from
-        ``cached_intra``) and kept while the cache is under ``encoder_cache_mb``. Alone, as the intra pass: the
-        cached value does not depend on the batch the pair first came in. Measured on the CPU default: CLIP4IDC's
-        two joint layers at width 256 were ~30 % of a captioning step."""
+        cache (keyed by the two images' keys, as ``cached_intra``'s), or computed for that pair alone (its intra
+        passes from ``cached_intra``) and kept while the cache is under ``encoder_cache_mb``. Alone, as the intra
+        pass: the cached value does not depend on the batch the pair first came in. Measured on the CPU default:
+        CLIP4IDC's two joint layers at width 256 were ~30 % of a captioning step."""
         b = before.size(0)
+        if rows is None:  # each image hashed once; cached_intra takes these keys as given
+            rows = [self.pixel_key(img) for chunk in (before, *afters) for img in chunk]
         out = []
         for j, after in enumerate(afters):
             for i in range(b):
@@ -678,20 +679,22 @@ class CLIP4IDC(CaptionModel):
                 out.append(f)
         return torch.stack(out)
 
+    @staticmethod
+    def pixel_key(img: torch.Tensor) -> bytes:
+        """An image's cache key where its feature-file row is not known: SHA-1 over the array's own buffer
+        (hardware-accelerated on x86, ~2x blake2b, measured; no copy)."""
+        return hashlib.sha1(np.ascontiguousarray(img.detach().cpu().numpy())).digest()
+
     def cached_intra(self, pixels: torch.Tensor | list[torch.Tensor], rows: list[int] | None = None) -> torch.Tensor:
         """F_intra of each image, from the cache or computed alone and kept while the cache is under
         ``encoder_cache_mb``; [N, T, width]. ``pixels``: [N, 3, H, W], or a list of such batches taken in order
-        (not concatenated: a warm cache only looks the images up). The cache is keyed by the image's
-        feature-file row where ``rows`` gives it (a training batch's ``*_row``), else by the image's bytes."""
+        (not concatenated: a warm cache only looks the images up). The cache is keyed by ``rows`` where
+        given (a training batch's ``*_row``, or ``pixel_key``s already computed), else by ``pixel_key``."""
         images = (img for chunk in (pixels if isinstance(pixels, (list, tuple)) else [pixels]) for img in chunk)
         out = []
         for i, img in enumerate(images):
-            if rows is not None:
-                # ~1 µs against ~0.5 ms of SHA-1 over a 224-px float image: 48 images were ~13 % of a CLIP-FT step
-                key = rows[i]
-            else:
-                # SHA-1 over the array's own buffer: hardware-accelerated on x86 (~2x blake2b, measured), no copy
-                key = hashlib.sha1(np.ascontiguousarray(img.detach().cpu().numpy())).digest()
+            # a row: ~1 µs against ~0.5 ms of SHA-1 over a 224-px float image (48 images were ~13 % of a CLIP-FT step)
+            key = rows[i] if rows is not None else self.pixel_key(img)
             h = self._intra_cache.get(key)
             if h is None:
                 with torch.no_grad():
