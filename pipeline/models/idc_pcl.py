@@ -96,7 +96,7 @@ from pipeline.models.attention import cross_cell_scores
 from pipeline.models.common import CaptionModel, has_partners, pair_groups
 from pipeline.models.dropout import attention as shared_attention
 from pipeline.models.dropout import dropout as shared_dropout
-from pipeline.models.dropout import keep_mask
+from pipeline.models.dropout import keep_mask, zero_dropped
 from pipeline.text import END, START
 
 TASKS = ("mlm", "mvcl", "fda", "fgvc")  # fgvc: the cross-task expansion (pipeline.models.idc_pcl_fgvc)
@@ -116,11 +116,16 @@ def sinusoid(n: int, d: int) -> torch.Tensor:
 
 class _ReluDropout(torch.autograd.Function):
     """y = relu(x) · mask · s in three in-place passes; the backward pass needs only y (y > 0 ⇔ kept and x > 0),
-    which the next linear layer keeps anyway."""
+    which the next linear layer keeps anyway.
+
+    Both passes multiply by 0/1 factors of a cheap kind (measured on a CPU, [32, 120, 512] bf16, one thread):
+    the mask's uint8 view (1.1 ms against 3.0 for the bool mask) and sign(y), which is 1 where y > 0 and ±0
+    elsewhere since y ≥ 0 (1.5 ms against 5.4 for ``g · (y > 0)``). The values are the same; only the sign of
+    some zeros may differ, which no later sum, product or Adam step tells apart."""
 
     @staticmethod
     def forward(ctx, x, mask, scale: float):
-        y = torch.mul(x, mask).clamp_min_(0.0).mul_(scale)
+        y = zero_dropped(x, mask).clamp_min_(0.0).mul_(scale)
         ctx.save_for_backward(y)
         ctx.scale = scale
         return y
@@ -128,7 +133,7 @@ class _ReluDropout(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         (y,) = ctx.saved_tensors
-        return torch.mul(g, y > 0).mul_(ctx.scale), None, None
+        return (g * y.sign()).mul_(ctx.scale), None, None
 
 
 def dropout(x: torch.Tensor, p: float, training: bool, relu: bool = False) -> torch.Tensor:
